@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Build the patched vLLM wheel into dist/:
+#   fetch -> verify -> patch -> build -> verify -> package   (scripts/pipeline.py)
+# Options: --arch x86_64|aarch64, --dist DIR (see scripts/pipeline.py --help).
+set -euo pipefail
+cd "$(dirname "$0")"
+# shellcheck source=ci/venv.sh
+. ci/venv.sh
+ensure_venv ci/requirements-build.txt
+exec "$VENV_PY" scripts/pipeline.py "$@"

@@ -1,0 +1,36 @@
+# shellcheck shell=bash
+# Sourced by build.sh and ci/test.sh: make (or update) build/venv from the
+# requirement files given as arguments, and check the tools the pipeline needs.
+ensure_venv() {
+    local root venv py
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    venv="$root/build/venv"
+    py=${PYTHON:-python3}
+    if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "error: Python >= 3.11 is needed as \`$py\` (set PYTHON=...)" >&2
+        return 2
+    fi
+    if ! command -v quilt >/dev/null; then
+        echo "error: \`quilt\` not found on PATH; install it (Debian: apt-get install quilt)" >&2
+        return 2
+    fi
+    if [ ! -x "$venv/bin/python" ]; then
+        "$py" -m venv "$venv" || return 2
+    fi
+    local stamp="$venv/.requirements.sha256" want
+    want=$(cat "$@" | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        local args=()
+        for f in "$@"; do args+=(-r "$f"); done
+        echo "setting up $venv from $* (log: build/venv-install.log)" >&2
+        if ! "$venv/bin/python" -m pip install --disable-pip-version-check \
+            "${args[@]}" >"$root/build/venv-install.log" 2>&1; then
+            tail -n 20 "$root/build/venv-install.log" >&2
+            echo "error: pip could not install $* into $venv (log above)" >&2
+            return 2
+        fi
+        echo "$want" >"$stamp"
+    fi
+    VENV_PY="$venv/bin/python"
+    export VENV_PY
+}

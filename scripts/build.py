@@ -1,0 +1,84 @@
+"""Stage 3: build the wheel from the patched tree with vLLM's own setup.py.
+
+vLLM's precompiled-kernel mode (VLLM_USE_PRECOMPILED=1) copies every compiled
+binary out of the official wheel we fetched and verified, and builds the
+Python part from our patched sources.  setup.py picks its target from
+`torch.version.cuda`, which is None on a CPU-only torch; since nothing is
+compiled here, we tell setup.py the CUDA version the official wheel was built
+for, in the build process only (no sitecustomize, nothing installed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from common import Fail, run
+
+# The official v0.27.1 wheels are CUDA 13 builds: their METADATA keeps the
+# `[cu13]` extras that setup.py strips on CUDA 12 (and verify.py compares the
+# METADATA with the official one, so a wrong value here fails the build).
+OFFICIAL_CUDA = "13.0"
+
+_SETUP = f"""
+import runpy, sys, torch
+torch.version.cuda = {OFFICIAL_CUDA!r}
+sys.argv = ["setup.py", "bdist_wheel", "--py-limited-api=cp38",
+            "--plat-name", sys.argv[1], "--dist-dir", sys.argv[2]]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+def source_date_epoch(sdist: Path) -> str:
+    """A fixed timestamp derived from the input (the sdist's PKG-INFO mtime)."""
+    if env := os.environ.get("SOURCE_DATE_EPOCH"):
+        return env
+    with tarfile.open(sdist) as tar:
+        for m in tar.getmembers():
+            if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
+                return str(int(m.mtime))
+    raise Fail(f"{sdist.name}: no PKG-INFO to take SOURCE_DATE_EPOCH from")
+
+
+def build_wheel(
+    tree: Path,
+    version: str,
+    official_wheel: Path,
+    arch: str,
+    out_dir: Path,
+    epoch: str,
+    log: Path,
+) -> Path:
+    """Build into `out_dir` and return the wheel, named like the official one."""
+    env = dict(os.environ)
+    env.update(
+        VLLM_USE_PRECOMPILED="1",
+        VLLM_PRECOMPILED_WHEEL_LOCATION=str(official_wheel),
+        VLLM_TARGET_DEVICE="cuda",
+        VLLM_VERSION_OVERRIDE=version,
+        SOURCE_DATE_EPOCH=epoch,
+        PYTHONHASHSEED="0",
+    )
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        proc = run(
+            [sys.executable, "-c", _SETUP, f"linux_{arch}", tmp], cwd=tree, env=env
+        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise Fail(f"setup.py bdist_wheel failed (full log: {log}):\n  {tail}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise Fail(f"setup.py produced {len(wheels)} wheels (log: {log})")
+        # Same file name as the official wheel, with our version: the official
+        # one is also named manylinux_2_28 while its WHEEL tag says linux_*.
+        name = official_wheel.name.replace(
+            official_wheel.name.split("-")[1], version, 1
+        )
+        final = out_dir / name
+        os.replace(wheels[0], final)
+    return final

@@ -1,0 +1,146 @@
+"""Shared paths, settings and error type of the distribution pipeline.
+
+Every stage (fetch -> patch -> build -> verify -> package) raises `Fail` with a
+message that names the file at fault and the fix; `main()` wrappers print it
+and exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / "patches"
+SERIES = PATCHES / "series"
+PINS = ROOT / "pins"
+VERSION_FILE = ROOT / "VERSION"
+# The pinned upstream release; its artifacts are in pins/<TAG>.toml.
+TAG = "v0.27.1"
+# The local version label that names this distribution: <upstream>+<LABEL>.<n>.
+LABEL = "tpfix"
+
+
+class Fail(Exception):
+    """A pipeline error meant for the user: the message says what and how to fix."""
+
+
+def cache_dir() -> Path:
+    """Download cache shared by builds and tests, keyed by sha256."""
+    env = os.environ.get("VLLM_DIST_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "vllm-dist"
+    return base
+
+
+def host_arch() -> str:
+    machine = platform.machine()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    project: str
+    version: str
+    role: str  # "sdist", "wheel" or "test"
+    filename: str
+    size: int
+    sha256: str
+    arch: str | None = None
+    platform: str | None = None
+
+    @property
+    def is_sdist(self) -> bool:
+        return self.filename.endswith((".tar.gz", ".zip"))
+
+
+def load_pins(path: Path) -> list[Artifact]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise Fail(f"{path}: pin file missing") from None
+    except tomllib.TOMLDecodeError as e:
+        raise Fail(f"{path}: not valid TOML ({e})") from None
+    arts = []
+    for i, entry in enumerate(data.get("artifact", [])):
+        try:
+            art = Artifact(**entry)
+        except TypeError as e:
+            raise Fail(f"{path}: artifact #{i + 1} is malformed ({e})") from None
+        if len(art.sha256) != 64 or any(c not in "0123456789abcdef" for c in art.sha256):
+            raise Fail(f"{path}: artifact {art.filename} has no valid sha256")
+        arts.append(art)
+    return arts
+
+
+def tag_pins(tag: str = TAG) -> Path:
+    return PINS / f"{tag}.toml"
+
+
+def sdist_pin(tag: str = TAG) -> Artifact:
+    return next(a for a in load_pins(tag_pins(tag)) if a.role == "sdist")
+
+
+def wheel_pin(arch: str, tag: str = TAG) -> Artifact:
+    for a in load_pins(tag_pins(tag)):
+        if a.role == "wheel" and a.arch == arch:
+            return a
+    raise Fail(f"{tag_pins(tag)}: no official wheel pinned for arch {arch!r}")
+
+
+def read_series(series: Path = SERIES) -> list[str]:
+    if not series.exists():
+        return []
+    names = []
+    for line in series.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line.split()[0])
+    return names
+
+
+def read_version(path: Path = VERSION_FILE) -> str:
+    """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from VERSION only."""
+    text = path.read_text().strip() if path.exists() else ""
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        raise Fail(f"{path}: {text!r} is not a PEP 440 version") from None
+    if str(v) != text:
+        raise Fail(f"{path}: write the normalized form {str(v)!r}, not {text!r}")
+    upstream = sdist_pin().version
+    if v.public != upstream:
+        raise Fail(f"{path}: public version {v.public} is not the pinned {upstream}")
+    if not v.local or not v.local.startswith(f"{LABEL}."):
+        raise Fail(f"{path}: {text!r} needs the local label +{LABEL}.<n>")
+    return text
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, text=True, capture_output=True, **kw)
+
+
+def main_wrapper(fn) -> None:
+    try:
+        fn()
+    except Fail as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: nothing was left half-written", file=sys.stderr)
+        sys.exit(130)

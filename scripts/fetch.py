@@ -1,0 +1,155 @@
+"""Stage 1: fetch the pinned upstream artifacts with pip and verify their sha256.
+
+Artifacts land in <cache>/sha256/<hex>/<filename> (cache: $VLLM_DIST_CACHE or
+~/.cache/vllm-dist), so a second run downloads nothing.  pip downloads with
+--require-hashes into a private temporary folder; only a file whose size and
+sha256 match the pin is moved into the cache, so an interrupted or corrupted
+download never becomes a cache entry.
+
+    python scripts/fetch.py                 # sdist + official wheel for this arch
+    python scripts/fetch.py --all           # every artifact of every pin file
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from common import (
+    PINS,
+    TAG,
+    Artifact,
+    Fail,
+    cache_dir,
+    host_arch,
+    load_pins,
+    main_wrapper,
+    run,
+    sdist_pin,
+    sha256_file,
+    wheel_pin,
+)
+
+
+def cached_path(art: Artifact) -> Path:
+    return cache_dir() / "sha256" / art.sha256 / art.filename
+
+
+def check_file(path: Path, art: Artifact) -> None:
+    """Raise Fail unless `path` is exactly the pinned artifact."""
+    size = path.stat().st_size
+    if size != art.size:
+        raise Fail(
+            f"{art.filename}: {size} bytes, the pin says {art.size} "
+            "(truncated or interrupted download); run the build again to refetch"
+        )
+    actual = sha256_file(path)
+    if actual != art.sha256:
+        raise Fail(
+            f"{art.filename}: sha256 mismatch: expected {art.sha256}, got {actual}"
+        )
+
+
+def _pip_args(art: Artifact) -> list[str]:
+    if art.is_sdist:
+        # pip prepares the sdist's metadata after checking its hash; vLLM's
+        # setup.py needs the build dependencies of this venv for that.
+        return ["--no-binary", art.project, "--no-build-isolation"]
+    args = ["--only-binary", ":all:"]
+    if art.platform:
+        args += ["--platform", art.platform, "--python-version", "3.12"]
+    return args
+
+
+def _explain_pip_failure(art: Artifact, output: str) -> str:
+    got = re.search(r"Got\s+([0-9a-f]{64})", output)
+    if "DO NOT MATCH THE HASHES" in output and got:
+        return (
+            f"{art.filename}: sha256 mismatch: expected {art.sha256}, "
+            f"got {got.group(1)}; the index serves a different file than the "
+            "pin. Check the release before changing the pin."
+        )
+    if "No matching distribution" in output or "Could not find a version" in output:
+        return (
+            f"{art.filename}: {art.project}=={art.version} is not available from "
+            "the package index pip is configured with (check pip.conf / network)"
+        )
+    tail = "\n  ".join(output.strip().splitlines()[-8:])
+    return f"{art.filename}: pip download failed:\n  {tail}"
+
+
+def fetch(art: Artifact, pinfile: Path | None = None) -> Path:
+    """Return the verified cached file of `art`, downloading it if needed."""
+    dest = cached_path(art)
+    if dest.exists():
+        try:
+            check_file(dest, art)
+            return dest
+        except Fail as e:
+            print(f"warning: cache entry rejected, refetching: {e}", file=sys.stderr)
+            dest.unlink()
+    tmp_root = cache_dir() / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+        req = Path(tmp) / "requirement.txt"
+        req.write_text(f"{art.project}=={art.version} --hash=sha256:{art.sha256}\n")
+        out = Path(tmp) / "out"
+        env = dict(os.environ)
+        if art.project == "vllm" and art.is_sdist:
+            env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=art.version)
+        print(f"fetch: {art.filename} (pip download)", file=sys.stderr)
+        proc = run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+             "--disable-pip-version-check", "-r", str(req), "-d", str(out),
+             *_pip_args(art)],
+            env=env,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise Fail(_explain_pip_failure(art, proc.stdout + proc.stderr))
+        got = out / art.filename
+        if not got.exists():
+            names = sorted(p.name for p in out.iterdir()) if out.exists() else []
+            raise Fail(
+                f"{art.filename}: pip downloaded {names or 'nothing'} instead; "
+                f"check the filename in {pinfile or 'the pin file'}"
+            )
+        check_file(got, art)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got, dest)  # same file system: atomic
+    return dest
+
+
+def fetch_sdist(tag: str = TAG) -> Path:
+    return fetch(sdist_pin(tag))
+
+
+def fetch_wheel(arch: str, tag: str = TAG) -> Path:
+    return fetch(wheel_pin(arch, tag))
+
+
+def fetch_test_dep(project: str, version: str) -> Path:
+    for art in load_pins(PINS / "flashinfer.toml"):
+        if art.project == project and art.version == version:
+            return fetch(art)
+    raise Fail(f"{PINS / 'flashinfer.toml'}: no pin for {project}=={version}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--all", action="store_true", help="every artifact of every pin")
+    ap.add_argument("--arch", default=host_arch())
+    args = ap.parse_args()
+    if args.all:
+        todo = [(a, p) for p in sorted(PINS.glob("*.toml")) for a in load_pins(p)]
+    else:
+        todo = [(sdist_pin(), None), (wheel_pin(args.arch), None)]
+    for art, pinfile in todo:
+        print(fetch(art, pinfile))
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

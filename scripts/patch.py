@@ -1,0 +1,182 @@
+"""Stage 2: unpack the verified sdist into a fresh tree and apply the quilt series.
+
+A patch must apply exactly: quilt runs with --fuzz=0 and any offset counts as a
+failure too.  Everything happens in a temporary sibling folder that is renamed
+into place only when every patch applied, so a tree is either pristine+series
+or absent, never half-patched.
+
+    python scripts/patch.py DEST              # pristine + whole series
+    python scripts/patch.py DEST --upto NAME  # ... up to and including NAME
+    python scripts/patch.py DEST --upto ''    # pristine only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+from pathlib import Path
+
+from common import (
+    PATCHES,
+    SERIES,
+    TAG,
+    Fail,
+    cache_dir,
+    main_wrapper,
+    read_series,
+    run,
+    sdist_pin,
+)
+
+_OFFSET = re.compile(r"^Hunk #\d+ succeeded at \d+ (\(offset|with fuzz).*$", re.M)
+
+
+def require_tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise Fail(f"`{name}` not found on PATH; install it (Debian: apt-get install {package})")
+    return path
+
+
+def unpack_sdist(sdist: Path, parent: Path) -> Path:
+    """Extract `sdist` below `parent`; return the top folder of the tree.
+
+    Modes are normalised (0755 folders and executables, 0644 otherwise) so the
+    wheel does not depend on the sdist's 0664 modes or the caller's umask.
+    """
+    with tarfile.open(sdist) as tar:
+        tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        if len(tops) != 1:
+            raise Fail(f"{sdist.name}: expected one top-level folder, found {sorted(tops)}")
+        tar.extractall(parent, filter="data")
+    top = parent / tops.pop()
+    for dirpath, dirnames, filenames in os.walk(top):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p):
+                mode = os.stat(p).st_mode
+                os.chmod(p, 0o755 if mode & stat.S_IXUSR else 0o644)
+    return top
+
+
+def quilt_env(patches: Path, series: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(QUILT_PATCHES=str(patches), QUILT_SERIES=str(series), QUILTRC="-")
+    env.pop("QUILT_PUSH_ARGS", None)
+    return env
+
+
+def apply_series(tree: Path, names: list[str], patches: Path, series: Path) -> None:
+    """Apply `names` (a prefix of `series`) to `tree` with quilt, exactly."""
+    require_tool("quilt", "quilt")
+    env = quilt_env(patches, series)
+    for name in names:
+        if not (patches / name).exists():
+            raise Fail(f"{series}: lists {name}, but {patches / name} does not exist")
+        proc = run(["quilt", "push", "--fuzz=0", name], cwd=tree, env=env)
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise Fail(_explain(name, out, patches))
+        if m := _OFFSET.search(out):
+            file = _file_of(out, m.start())
+            raise Fail(
+                f"patches/{name}: applies only with an offset/fuzz in {file} "
+                f"({m.group(0).strip()}); refresh it: scripts/series.py refresh"
+            )
+
+
+def _file_of(out: str, pos: int) -> str:
+    files = re.findall(r"^patching file (\S+)", out[:pos], re.M)
+    return files[-1] if files else "?"
+
+
+def _explain(name: str, out: str, patches: Path) -> str:
+    failed = re.findall(r"^(?:Hunk #\d+ FAILED.*|\S.*FAILED.*)$", out, re.M)
+    files = re.findall(r"^patching file (\S+)", out, re.M)
+    missing = re.findall(r"can't find file to patch.*|No file to patch.*", out)
+    where = files[-1] if files else "?"
+    detail = "; ".join(failed[:3] + missing[:1]) or out.strip().splitlines()[-1:]
+    return (
+        f"patches/{name} does not apply to {TAG} (file {where}): {detail}. "
+        "Nothing was left half-patched. Rebase it: scripts/series.py push, fix, "
+        "refresh"
+    )
+
+
+def prepare_tree(
+    dest: Path,
+    upto: str | None = None,
+    series: Path = SERIES,
+    patches: Path = PATCHES,
+    keep_quilt_state: bool = False,
+) -> Path:
+    """Create `dest` = pristine sdist + series (up to and including `upto`).
+
+    `upto=None` applies the whole series, `upto=""` none of it.
+    """
+    from fetch import fetch_sdist
+
+    names = read_series(series)
+    if upto is not None:
+        if upto == "":
+            names = []
+        elif upto not in names:
+            raise Fail(f"{series}: no patch named {upto!r}")
+        else:
+            names = names[: names.index(upto) + 1]
+    sdist = fetch_sdist()
+    dest = dest.resolve()
+    if dest.exists():
+        raise Fail(f"{dest} exists; remove it or choose another folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        top = unpack_sdist(sdist, tmp)
+        apply_series(top, names, patches, series)
+        if not keep_quilt_state:
+            shutil.rmtree(top / ".pc", ignore_errors=True)
+        os.replace(top, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def series_key(names: list[str], patches: Path = PATCHES) -> str:
+    """A content key for pristine+`names`: changes when any of them changes."""
+    h = hashlib.sha256(sdist_pin().sha256.encode())
+    for name in names:
+        h.update(name.encode() + b"\0" + (patches / name).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def cached_tree(upto: str | None = None) -> Path:
+    """pristine+series up to `upto`, cached by content under <cache>/trees."""
+    names = read_series()
+    if upto == "":
+        names = []
+    elif upto is not None:
+        names = names[: names.index(upto) + 1]
+    dest = cache_dir() / "trees" / series_key(names)
+    if not dest.exists():
+        prepare_tree(dest, upto=names[-1] if names else "")
+    return dest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dest", type=Path)
+    ap.add_argument("--upto", default=None, help="last patch to apply ('' = none)")
+    ap.add_argument("--keep-quilt-state", action="store_true", help="keep .pc/")
+    args = ap.parse_args()
+    print(prepare_tree(args.dest, args.upto, keep_quilt_state=args.keep_quilt_state))
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

@@ -1,0 +1,86 @@
+"""The whole job behind ./build.sh: fetch -> verify -> patch -> build -> verify -> package.
+
+    ./build.sh                      # wheel for this machine's arch into dist/
+    ./build.sh --arch aarch64       # the other official arch (nothing compiles)
+    ./build.sh --dist DIR           # somewhere else than dist/
+
+Work happens under build/ (a fresh patched tree per run, logs) and a staging
+folder next to dist/; dist/ only ever receives a verified wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from build import build_wheel, source_date_epoch
+from common import ROOT, Fail, host_arch, main_wrapper, read_series, read_version
+from fetch import fetch_sdist, fetch_wheel
+from package import publish
+from patch import prepare_tree
+from verify import verify_wheel
+
+
+def _step(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
+    version = read_version()
+    _step(f"fetch + verify pins (vllm sdist, official {arch} wheel)")
+    sdist = fetch_sdist()
+    official = fetch_wheel(arch)
+    workdir.mkdir(parents=True, exist_ok=True)
+    dist = dist.resolve()
+    dist.parent.mkdir(parents=True, exist_ok=True)
+    for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(".dist-staging.*")):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
+    staging = Path(tempfile.mkdtemp(prefix=".dist-staging.", dir=dist.parent))
+    try:
+        _step(f"patch: pristine {sdist.name} + {len(read_series())} patches (quilt)")
+        tree = prepare_tree(tree_parent / "vllm")
+        _step(f"build: vllm {version} (setup.py, precompiled kernels)")
+        t0 = time.monotonic()
+        wheel = build_wheel(
+            tree, version, official, arch, staging,
+            source_date_epoch(sdist), workdir / "logs" / "build.log",
+        )  # fmt: skip
+        _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
+        _step(f"verify against {official.name}")
+        problems = verify_wheel(wheel, official, tree, version)
+        if problems:
+            raise Fail(
+                f"{wheel.name} differs from the official wheel beyond the series "
+                "(nothing was written to dist/):\n  " + "\n  ".join(problems)
+            )
+        _step(f"package into {dist}")
+        final = publish(wheel, dist)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(tree_parent, ignore_errors=True)
+    return final
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
+    ap.add_argument("--dist", type=Path, default=ROOT / "dist")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "work")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    final = run_pipeline(args.arch, args.dist, args.workdir)
+    print(final)
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

@@ -1,0 +1,134 @@
+"""Stage 4: compare the built wheel with the official one, file by file.
+
+Allowed differences, and nothing else:
+  * the dist-info folder name and RECORD (they carry the version);
+  * METADATA: the Version, and Requires-Dist lines of projects whose pin the
+    series changes in requirements/*.txt;
+  * vllm/_version.py (version string and commit id);
+  * files the series touches under vllm/ (added or changed), which must equal
+    the patched tree byte for byte.
+Every compiled binary, and every other file, must be byte-identical.
+
+    python scripts/verify.py BUILT.whl OFFICIAL.whl PATCHED_TREE
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+from common import PATCHES, Fail, main_wrapper, read_series
+
+_REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def touched_files(names: list[str] | None = None, patches: Path = PATCHES) -> set[str]:
+    """Paths (relative to the tree) that the series adds or changes."""
+    files = set()
+    for name in read_series() if names is None else names:
+        for line in (patches / name).read_text().splitlines():
+            if line.startswith("+++ "):
+                path = line[4:].split("\t")[0]
+                if path != "/dev/null":
+                    files.add(path.split("/", 1)[1])
+    return files
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"^[^/]*\.dist-info/", "DIST-INFO/", name)
+
+
+def _project(req: str) -> str:
+    m = _REQ_NAME.match(req)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else req
+
+
+def _changed_pins(touched: set[str], tree: Path) -> set[str]:
+    """Projects named on lines of touched requirements files."""
+    projects = set()
+    for path in touched:
+        if path.startswith("requirements/") and (tree / path).exists():
+            for line in (tree / path).read_text().splitlines():
+                if line.strip() and not line.startswith(("#", "-")):
+                    projects.add(_project(line))
+    return projects
+
+
+def verify_wheel(built: Path, official: Path, tree: Path, version: str) -> list[str]:
+    """Return a list of human-readable differences that are not allowed."""
+    problems: list[str] = []
+    touched = touched_files()
+    with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
+        bn = {_norm(n): n for n in b.namelist()}
+        on = {_norm(n): n for n in o.namelist()}
+        for extra in sorted(set(bn) - set(on)):
+            if extra not in touched:
+                problems.append(f"{extra}: in the built wheel only")
+            elif b.read(bn[extra]) != (tree / extra).read_bytes():
+                problems.append(f"{extra}: added file differs from the patched tree")
+        for gone in sorted(set(on) - set(bn)):
+            problems.append(f"{gone}: missing from the built wheel")
+        for key in sorted(set(bn) & set(on)):
+            bb, ob = b.read(bn[key]), o.read(on[key])
+            if key in touched:
+                if bb != (tree / key).read_bytes():
+                    problems.append(f"{key}: patched file differs from the patched tree")
+                continue
+            if bb == ob or key == "DIST-INFO/RECORD":
+                continue
+            if key == "vllm/_version.py":
+                if f"'{version}'" not in bb.decode():
+                    problems.append(f"{key}: does not carry version {version}")
+                continue
+            if key == "DIST-INFO/METADATA":
+                problems += _metadata_problems(bb.decode(), ob.decode(), version, tree, touched)
+                continue
+            kind = "compiled binary" if key.endswith((".so", ".cubin")) else "file"
+            problems.append(f"{key}: {kind} differs from the official wheel")
+        if not any(k.startswith("DIST-INFO/") for k in bn):
+            problems.append("no dist-info folder in the built wheel")
+    return problems
+
+
+def _metadata_problems(
+    built: str, official: str, version: str, tree: Path, touched: set[str]
+) -> list[str]:
+    bm, om = Parser().parsestr(built), Parser().parsestr(official)
+    problems = []
+    if bm["Version"] != version:
+        problems.append(f"METADATA: Version is {bm['Version']}, expected {version}")
+    for key in set(bm.keys()) | set(om.keys()):
+        if key in ("Version", "Requires-Dist"):
+            continue
+        if bm.get_all(key) != om.get_all(key):
+            problems.append(f"METADATA: {key} differs from the official wheel")
+    if bm.get_payload() != om.get_payload():
+        problems.append("METADATA: description differs from the official wheel")
+    breqs, oreqs = bm.get_all("Requires-Dist") or [], om.get_all("Requires-Dist") or []
+    allowed = _changed_pins(touched, tree)
+    for req in sorted(set(breqs) ^ set(oreqs)):
+        if _project(req) not in allowed:
+            problems.append(f"METADATA: Requires-Dist {req!r} changed, no patch pins it")
+    return problems
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("built", type=Path)
+    ap.add_argument("official", type=Path)
+    ap.add_argument("tree", type=Path)
+    args = ap.parse_args()
+    from common import read_version
+
+    problems = verify_wheel(args.built, args.official, args.tree, read_version())
+    if problems:
+        raise Fail(f"{args.built.name} does not match the official wheel:\n  "
+                   + "\n  ".join(problems))  # fmt: skip
+    print(f"{args.built.name}: verified against {args.official.name}")
+
+
+if __name__ == "__main__":
+    main_wrapper(main)
