@@ -17,20 +17,20 @@ ensure_venv() {
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv" || return 2
     fi
-    local stamp="$venv/.requirements.sha256" want
-    want=$(cat "$@" | sha256sum | cut -d' ' -f1)
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        local args=()
-        for f in "$@"; do args+=(-r "$f"); done
-        echo "setting up $venv from $* (log: build/venv-install.log)" >&2
+    # One stamp per requirement file's content: install what is new.
+    local f sum
+    for f in "$@"; do
+        sum=$(sha256sum "$f" | cut -d' ' -f1)
+        [ -e "$venv/.installed-$sum" ] && continue
+        echo "setting up $venv: $f (log: build/venv-install.log)" >&2
         if ! "$venv/bin/python" -m pip install --disable-pip-version-check \
-            "${args[@]}" >"$root/build/venv-install.log" 2>&1; then
+            -r "$f" >"$root/build/venv-install.log" 2>&1; then
             tail -n 20 "$root/build/venv-install.log" >&2
-            echo "error: pip could not install $* into $venv (log above)" >&2
+            echo "error: pip could not install $f into $venv (log above)" >&2
             return 2
         fi
-        echo "$want" >"$stamp"
-    fi
+        touch "$venv/.installed-$sum"
+    done
     VENV_PY="$venv/bin/python"
     export VENV_PY
 }

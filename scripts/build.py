@@ -63,9 +63,7 @@ def build_wheel(
         PYTHONHASHSEED="0",
     )
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        proc = run(
-            [sys.executable, "-c", _SETUP, f"linux_{arch}", tmp], cwd=tree, env=env
-        )
+        proc = run([sys.executable, "-c", _SETUP, f"linux_{arch}", tmp], cwd=tree, env=env)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
@@ -76,9 +74,7 @@ def build_wheel(
             raise Fail(f"setup.py produced {len(wheels)} wheels (log: {log})")
         # Same file name as the official wheel, with our version: the official
         # one is also named manylinux_2_28 while its WHEEL tag says linux_*.
-        name = official_wheel.name.replace(
-            official_wheel.name.split("-")[1], version, 1
-        )
+        name = official_wheel.name.replace(official_wheel.name.split("-")[1], version, 1)
         final = out_dir / name
         os.replace(wheels[0], final)
     return final

@@ -49,9 +49,7 @@ def check_file(path: Path, art: Artifact) -> None:
         )
     actual = sha256_file(path)
     if actual != art.sha256:
-        raise Fail(
-            f"{art.filename}: sha256 mismatch: expected {art.sha256}, got {actual}"
-        )
+        raise Fail(f"{art.filename}: sha256 mismatch: expected {art.sha256}, got {actual}")
 
 
 def _pip_args(art: Artifact) -> list[str]:

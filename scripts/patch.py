@@ -56,7 +56,7 @@ def unpack_sdist(sdist: Path, parent: Path) -> Path:
             raise Fail(f"{sdist.name}: expected one top-level folder, found {sorted(tops)}")
         tar.extractall(parent, filter="data")
     top = parent / tops.pop()
-    for dirpath, dirnames, filenames in os.walk(top):
+    for dirpath, _, filenames in os.walk(top):
         os.chmod(dirpath, 0o755)
         for f in filenames:
             p = os.path.join(dirpath, f)

@@ -1,0 +1,39 @@
+"""Install vLLM v0.27.1's common runtime requirements into this venv.
+
+The scenario tests import the real vLLM from source trees (no compiled
+parts), which needs requirements/common.txt of the pinned sdist.  Skipped when
+the venv already holds them (stamp keyed by the sdist's sha256).
+"""
+
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from common import main_wrapper, sdist_pin  # noqa: E402
+from fetch import fetch_sdist  # noqa: E402
+
+
+def main() -> None:
+    stamp = Path(sys.prefix) / ".vllm-common-deps"
+    pin = sdist_pin()
+    if stamp.exists() and stamp.read_text() == pin.sha256:
+        return
+    sdist = fetch_sdist()
+    with tarfile.open(sdist) as tar, tempfile.TemporaryDirectory() as tmp:
+        member = tar.getmember(f"vllm-{pin.version}/requirements/common.txt")
+        req = Path(tmp) / "common.txt"
+        req.write_bytes(tar.extractfile(member).read())
+        print(f"installing {member.name} into {sys.prefix}", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q",
+             "--disable-pip-version-check", "-r", str(req)],
+            check=True,
+        )  # fmt: skip
+    stamp.write_text(pin.sha256)
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

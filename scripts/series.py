@@ -1,0 +1,95 @@
+"""Maintainer workflow for the quilt series in patches/.
+
+    scripts/series.py setup            # build/dev/vllm: pristine tree bound to patches/
+    scripts/series.py push [NAME|-a]   # apply the next patch / up to NAME / all
+    scripts/series.py pop [-a]         # unapply
+    scripts/series.py new NAME.patch   # start a patch after the current top
+    scripts/series.py add FILE...      # record files before editing them
+    scripts/series.py refresh          # write the top patch back (canonical format)
+    scripts/series.py check            # series applies exactly; refresh is a no-op
+    scripts/series.py quilt ARGS...    # any other quilt command, same settings
+
+All commands run quilt in build/dev/vllm with QUILT_PATCHES=patches/, so a
+refresh edits the files in this repository: review them with git diff.  Every
+refresh uses the same canonical options (REFRESH_ARGS), which is what makes
+`check` able to demand byte-for-byte reproduction; patch headers (the text
+above the first diff) are kept by quilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import PATCHES, ROOT, SERIES, Fail, main_wrapper, read_series, run
+from patch import apply_series, prepare_tree, quilt_env, require_tool
+
+DEV = ROOT / "build" / "dev" / "vllm"
+REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
+
+
+def quilt(*args: str, tree: Path = DEV, patches: Path = PATCHES, series: Path = SERIES):
+    require_tool("quilt", "quilt")
+    if not tree.exists():
+        raise Fail(f"{tree} does not exist; run: scripts/series.py setup")
+    extra = list(REFRESH_ARGS) if args and args[0] == "refresh" else []
+    if args and args[0] == "push":
+        extra = ["--fuzz=0"]
+    cmd = ["quilt", args[0], *extra, *args[1:]]
+    return subprocess.run(cmd, cwd=tree, env=quilt_env(patches, series)).returncode
+
+
+def setup() -> None:
+    if DEV.exists():
+        raise Fail(f"{DEV} exists; remove it first (rm -rf {DEV})")
+    prepare_tree(DEV, upto="", keep_quilt_state=True)
+    print(f"{DEV}: pristine; `scripts/series.py push -a` applies the series")
+
+
+def check(patches: Path = PATCHES, series: Path = SERIES) -> None:
+    """Each patch applies exactly in order, and refreshing it changes no byte."""
+    names = read_series(series)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "patches"
+        shutil.copytree(patches, copy)
+        tree = prepare_tree(Path(tmp) / "vllm", upto="")
+        env = quilt_env(copy, copy / series.name)
+        for name in names:
+            apply_series(tree, [name], copy, copy / series.name)
+            proc = run(["quilt", "refresh", *REFRESH_ARGS], cwd=tree, env=env)
+            if proc.returncode != 0:
+                raise Fail(f"patches/{name}: quilt refresh failed: {proc.stderr.strip()}")
+            if not filecmp.cmp(patches / name, copy / name, shallow=False):
+                diff = run(["diff", "-u", str(patches / name), str(copy / name)])
+                raise Fail(
+                    f"patches/{name}: `quilt refresh` does not reproduce it byte for "
+                    f"byte; run scripts/series.py refresh on it:\n{diff.stdout[-3000:]}"
+                )
+    print(f"{len(names)} patches apply exactly and refresh to themselves")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument("command", choices=[
+        "setup", "push", "pop", "new", "add", "refresh", "check", "quilt", "top",
+        "applied", "diff",
+    ])  # fmt: skip
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    if a.command == "setup":
+        return setup()
+    if a.command == "check":
+        return check()
+    args = a.args if a.command == "quilt" else [a.command, *a.args]
+    sys.exit(quilt(*args))
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

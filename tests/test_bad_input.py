@@ -1,0 +1,177 @@
+"""Bad input gets a clear error naming the file and the fix, and loses nothing.
+
+Each test runs the real scripts in a copy of this repository's pipeline files
+(scripts/, pins/, patches/, VERSION) with one thing broken.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import ROOT, cache_dir, read_series, sdist_pin
+
+FAKE_SHA = "0" * 64
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for part in ("scripts", "pins", "patches", "ci"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("VERSION", "build.sh"):
+        shutil.copy2(ROOT / f, copy / f)
+    return copy
+
+
+def _run(repo: Path, *args: str, env: dict | None = None, cache: Path | None = None):
+    e = dict(os.environ, **(env or {}))
+    if cache is not None:
+        e["VLLM_DIST_CACHE"] = str(cache)
+    return subprocess.run(
+        [sys.executable, *args], cwd=repo, env=e, text=True, capture_output=True,
+        timeout=600,
+    )  # fmt: skip
+
+
+def _set_sdist_sha(repo: Path, sha: str) -> None:
+    pins = repo / "pins" / "v0.27.1.toml"
+    pins.write_text(pins.read_text().replace(sdist_pin().sha256, sha))
+
+
+def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
+    _set_sdist_sha(repo, FAKE_SHA)
+    cache = tmp_path / "cache"
+    proc = _run(repo, "scripts/patch.py", str(tmp_path / "tree"), cache=cache)
+    assert proc.returncode == 2
+    err = proc.stderr
+    assert "vllm-0.27.1.tar.gz: sha256 mismatch" in err
+    assert f"expected {FAKE_SHA}" in err
+    assert f"got {sdist_pin().sha256}" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "tree").exists()
+    assert not any(cache.glob("sha256/*/*"))
+    assert list((cache / "tmp").iterdir()) == []
+
+
+def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_path: Path):
+    # An interrupted download from some other tool left a truncated file where
+    # the cache entry belongs: it must be refused and fetched again.
+    pin = sdist_pin()
+    cache = tmp_path / "cache"
+    entry = cache / "sha256" / pin.sha256 / pin.filename
+    entry.parent.mkdir(parents=True)
+    good = cache_dir() / "sha256" / pin.sha256 / pin.filename
+    entry.write_bytes(good.read_bytes()[: pin.size // 3])
+    proc = _run(repo, "-c", "import sys; sys.path.insert(0, 'scripts');"
+                "from fetch import fetch_sdist; print(fetch_sdist())", cache=cache)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "truncated or interrupted download" in proc.stderr
+    assert entry.stat().st_size == pin.size
+
+
+def test_truncated_file_is_named_with_sizes(tmp_path: Path):
+    from common import Fail
+    from fetch import check_file
+
+    pin = sdist_pin()
+    part = tmp_path / pin.filename
+    part.write_bytes(b"\0" * 1000)
+    with pytest.raises(Fail, match=rf"{pin.filename}: 1000 bytes, the pin says {pin.size}"):
+        check_file(part, pin)
+
+
+def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
+    pins = repo / "pins" / "v0.27.1.toml"
+    pins.write_text(pins.read_text().replace('version = "0.27.1"\nrole = "sdist"',
+                                             'version = "0.27.99"\nrole = "sdist"'))  # fmt: skip
+    proc = _run(repo, "scripts/fetch.py", cache=tmp_path / "cache")
+    assert proc.returncode == 2
+    assert "vllm-0.27.1.tar.gz: vllm==0.27.99 is not available" in proc.stderr
+
+
+def _break_patch(repo: Path, how: str) -> str:
+    name = read_series()[0]
+    p = repo / "patches" / name
+    text = p.read_text()
+    if how == "conflict":
+        text = text.replace(" # From versions.json: .flashinfer.version",
+                            " # From versions.json: something else", 1)  # fmt: skip
+    else:  # shift the first hunk's position: an offset
+        text = text.replace("@@ -811,7 +811,7 @@", "@@ -801,7 +801,7 @@", 1)
+    p.write_text(text)
+    return name
+
+
+@pytest.mark.parametrize("how", ["conflict", "offset"])
+def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
+    repo: Path, tmp_path: Path, how: str
+):
+    name = _break_patch(repo, how)
+    dest = tmp_path / "out" / "tree"
+    proc = _run(repo, "scripts/patch.py", str(dest))
+    assert proc.returncode == 2, proc.stderr
+    assert f"patches/{name}" in proc.stderr
+    assert "docker/Dockerfile" in proc.stderr
+    assert ("offset" in proc.stderr) == (how == "offset")
+    assert not dest.exists()
+    assert list(dest.parent.iterdir()) == []  # no half-patched temporary either
+
+
+def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
+    proc = _run(repo, "scripts/patch.py", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
+    assert proc.returncode == 2
+    assert "`quilt` not found on PATH; install it (Debian: apt-get install quilt)" in proc.stderr
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("0.27.1-tpfix", "VERSION: '0.27.1-tpfix' is not a PEP 440 version"),
+        ("0.27.1+TPFIX.1", "VERSION: write the normalized form '0.27.1+tpfix.1'"),
+        ("0.27.2+tpfix.1", "VERSION: public version 0.27.2 is not the pinned 0.27.1"),
+        ("0.27.1+other.1", "VERSION: '0.27.1+other.1' needs the local label +tpfix.<n>"),
+    ],
+)
+def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
+    (repo / "VERSION").write_text(text + "\n")
+    code = "import sys; sys.path.insert(0, 'scripts'); import common"
+    proc = _run(repo, "-c", f"{code}; common.main_wrapper(common.read_version)")
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "vllm-0.27.1+tpfix.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"old")
+    (dist / "SHA256SUMS").write_text("old\n")
+    before = {p.name: p.read_bytes() for p in dist.iterdir()}
+    venv_py = Path(sys.executable)
+    proc = subprocess.Popen(
+        [str(venv_py), "scripts/pipeline.py", "--dist", str(dist), "--workdir",
+         str(tmp_path / "work")],
+        cwd=repo, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("==> build:"):
+            time.sleep(8)  # setup.py is now copying files into the staging area
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+    rc = proc.wait(timeout=120)
+    rest = proc.stderr.read()
+    assert rc != 0, "".join(seen) + rest
+    assert {p.name: p.read_bytes() for p in dist.iterdir()} == before
+    assert not list(tmp_path.glob(".dist-staging.*"))
+    assert not list((tmp_path / "work").glob("tree.*"))

@@ -1,0 +1,119 @@
+"""The build as a user runs it: ./build.sh, then what the wheel must be.
+
+One real build (and a second one for reproducibility) per session; the other
+checks read the wheels it produced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from common import ROOT, read_series, read_version, wheel_pin
+from fetch import fetch_wheel
+from harness import tree_after
+from verify import touched_files, verify_wheel
+
+
+def _build(dist: Path, work: Path) -> Path:
+    proc = subprocess.run(
+        [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(work)],
+        text=True, capture_output=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    wheels = list(dist.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("build1")
+    return _build(base / "dist", base / "work")
+
+
+@pytest.fixture(scope="session")
+def official() -> Path:
+    return fetch_wheel(_arch())
+
+
+def _arch() -> str:
+    from common import host_arch
+
+    return host_arch()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_wheel_carries_version_from_VERSION_everywhere(built: Path):
+    version = read_version()
+    assert built.name == (f"vllm-{version}-cp38-abi3-{wheel_pin(_arch()).platform}.whl")
+    with zipfile.ZipFile(built) as z:
+        meta = z.read(f"vllm-{version}.dist-info/METADATA").decode()
+        assert f"\nVersion: {version}\n" in meta
+        scope: dict = {}
+        exec(z.read("vllm/_version.py").decode(), scope)
+    assert scope["__version__"] == version
+
+
+def test_sha256sums_lists_the_wheel(built: Path):
+    sums = (built.parent / "SHA256SUMS").read_text()
+    assert sums == f"{_sha(built)}  {built.name}\n"
+    assert sorted(p.name for p in built.parent.iterdir()) == ["SHA256SUMS", built.name]
+
+
+def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
+    # Independent of scripts/verify.py: walk both wheels here.
+    touched = touched_files()
+    tree = tree_after(read_series()[-1])
+    version = read_version()
+    with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
+        bnames = {n for n in b.namelist() if ".dist-info/" not in n}
+        onames = {n for n in o.namelist() if ".dist-info/" not in n}
+        assert bnames - onames <= touched
+        assert onames <= bnames
+        binaries = [n for n in onames if n.endswith(".so")]
+        assert len(binaries) >= 17
+        for n in binaries:
+            assert b.read(n) == o.read(n), n
+        differing = {n for n in onames if b.read(n) != o.read(n)}
+        assert differing <= touched | {"vllm/_version.py"}
+        for n in bnames & touched:
+            assert b.read(n) == (tree / n).read_bytes(), n
+        meta = b.read(f"vllm-{version}.dist-info/METADATA").decode()
+        assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
+    assert verify_wheel(built, official, tree, version) == []
+
+
+def test_verify_rejects_changed_binary_and_unexpected_file(
+    built: Path, official: Path, tmp_path: Path
+):
+    tampered = tmp_path / built.name
+    shutil.copyfile(built, tampered)
+    with zipfile.ZipFile(official) as o:
+        so = sorted(n for n in o.namelist() if n.endswith(".so"))[0]
+        data = bytearray(o.read(so))
+    data[-1] ^= 0xFF
+    # Appending a second entry of the same name makes it the one readers see.
+    with zipfile.ZipFile(tampered, "a") as z:
+        z.writestr(so, bytes(data))
+        z.writestr("vllm/unexpected.py", "x = 1\n")
+        z.writestr("vllm/__init__.py", "# changed outside the series\n")
+    tree = tree_after(read_series()[-1])
+    problems = verify_wheel(tampered, official, tree, read_version())
+    assert f"{so}: compiled binary differs from the official wheel" in problems
+    assert "vllm/unexpected.py: in the built wheel only" in problems
+    assert "vllm/__init__.py: file differs from the official wheel" in problems
+
+
+def test_two_builds_are_byte_identical(built: Path, tmp_path: Path):
+    again = _build(tmp_path / "dist", tmp_path / "work")
+    assert again.name == built.name
+    assert _sha(again) == _sha(built)
