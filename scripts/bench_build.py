@@ -56,9 +56,12 @@ def _timed(cmd: list[str], env: dict, watch: list[Path]) -> tuple[float, int]:
 
 def main() -> None:
     arch = host_arch()
-    with tempfile.TemporaryDirectory(prefix="bench.") as tmp:
-        t = Path(tmp)
-        cache, work, dist, up = t / "cache", t / "work", t / "dist", t / "upstream"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench.") as tmp,
+        tempfile.TemporaryDirectory(prefix="bench-upstream.") as up_tmp,
+    ):
+        t, up = Path(tmp), Path(up_tmp)
+        cache, work, dist = t / "cache", t / "work", t / "dist"
         env = dict(os.environ, VLLM_DIST_CACHE=str(cache), PIP_NO_CACHE_DIR="1")
         pin = wheel_pin(arch)
         up_s, _ = _timed(
@@ -69,7 +72,7 @@ def main() -> None:
         )  # fmt: skip
         build = [sys.executable, str(ROOT / "scripts" / "pipeline.py"),
                  "--dist", str(dist), "--workdir", str(work)]  # fmt: skip
-        watch = [cache, work, dist, t]
+        watch = [t]  # cache, work tree, staging folder and dist all live here
         cold_s, cold_peak = _timed(build, env, watch)
         warm_s, warm_peak = _timed(build, env, watch)
         ours = next(dist.glob("*.whl"))
@@ -88,7 +91,7 @@ def main() -> None:
             print(f"{name:42} {a:>9} {b:>16} {c:>12}")
         delta = ours.stat().st_size - official.stat().st_size
         print(f"size difference: {delta:+,} bytes ({ours.name})")
-        print("peak disk counts the download cache, work tree, staging and dist")
+        print("peak disk: download cache + work tree + staging + dist of our build")
 
 
 if __name__ == "__main__":
