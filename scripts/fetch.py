@@ -42,12 +42,13 @@ def cached_path(art: Artifact) -> Path:
 def check_file(path: Path, art: Artifact) -> None:
     """Raise Fail unless `path` is exactly the pinned artifact."""
     size = path.stat().st_size
+    actual = sha256_file(path)
     if size != art.size:
         raise Fail(
-            f"{art.filename}: {size} bytes, the pin says {art.size} "
-            "(truncated or interrupted download); run the build again to refetch"
+            f"{art.filename}: {size} bytes, the pin says {art.size} (truncated or "
+            f"interrupted download): expected sha256 {art.sha256}, got {actual}; "
+            "run the build again to refetch"
         )
-    actual = sha256_file(path)
     if actual != art.sha256:
         raise Fail(f"{art.filename}: sha256 mismatch: expected {art.sha256}, got {actual}")
 

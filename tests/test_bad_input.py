@@ -6,6 +6,7 @@ Each test runs the real scripts in a copy of this repository's pipeline files
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -78,15 +79,18 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     assert entry.stat().st_size == pin.size
 
 
-def test_truncated_file_is_named_with_sizes(tmp_path: Path):
+def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
     from common import Fail
     from fetch import check_file
 
     pin = sdist_pin()
     part = tmp_path / pin.filename
     part.write_bytes(b"\0" * 1000)
-    with pytest.raises(Fail, match=rf"{pin.filename}: 1000 bytes, the pin says {pin.size}"):
+    with pytest.raises(Fail) as err:
         check_file(part, pin)
+    assert str(err.value).startswith(f"{pin.filename}: 1000 bytes, the pin says {pin.size}")
+    actual = hashlib.sha256(bytes(1000)).hexdigest()
+    assert f"expected sha256 {pin.sha256}, got {actual}" in str(err.value)
 
 
 def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
