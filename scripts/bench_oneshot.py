@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Bug B: FlashInfer all-reduce workspace memory and one-shot/two-shot choice,
+before and after the patch, measured by running the real code of two trees.
+
+For the seed configuration (SM90, TP8, hidden 6144, bf16, 0.5 MiB budget) and
+for TP2/TP4/TP8 at the default budgets of SM90 and SM100, and for both
+FlashInfer backends, prints per tree:
+
+* the workspace memory per rank that vLLM requests from FlashInfer (MNNVL: 3
+  Lamport buffers; TRT-LLM: IPC buffer + flags + 3 Lamport buffers; allocator
+  rounding not included);
+* which strategy each token count gets as the tree ships (compressed into
+  ranges), i.e. what reaches FlashInfer's kernel launch;
+* "vLLM policy": token counts where the tree's own one-shot policy asks for
+  more than the allocation (on trees that defer to FlashInfer on MNNVL, the
+  policy is their table applied there, as before vllm#47589);
+* for MNNVL, the memory the rejected alternative would take: a buffer sized
+  for the one-shot range of vLLM's TRT-LLM table.
+
+Everything comes from tests/scenarios/bug_b.py:bench_table run in a fresh
+interpreter per tree (see that module for what is simulated: GPU memory,
+kernel launches, the TP group).
+
+Usage:
+    python scripts/bench_oneshot.py --tree-before DIR --tree-after DIR \\
+        [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
+Trees: e.g. tests/harness.py tree_before/tree_after of the bug-B patch, or
+`python scripts/patch.py DEST --upto <patch>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from harness import run_scenario  # noqa: E402
+
+
+def configs(hidden: int, dtype: str, limit: int) -> list[dict]:
+    base = {"widths": [hidden], "dtype": dtype, "limit": limit}
+    out = [{"name": "seed", "capability": 90, "tp": 8, "budget_mb": 0.5, **base}]
+    for cap in (90, 100):
+        for tp in (2, 4, 8):
+            out.append(
+                {"name": f"SM{cap} TP{tp}", "capability": cap, "tp": tp, "budget_mb": None, **base}
+            )
+    return out
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def ranges(rs: list[list[int]] | None) -> str:
+    if not rs:
+        return "none"
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rs)
+
+
+def strategy_text(row: dict) -> str:
+    if row.get("fusion") == "unsupported":
+        return "fusion unsupported"
+    (h,) = {str(w) for w in row["oneshot_tokens"]} | set()
+    return f"1shot {ranges(row['oneshot_tokens'][h])} | 2shot {ranges(row['twoshot_tokens'][h])}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree-before", type=Path, required=True)
+    ap.add_argument("--tree-after", type=Path, required=True)
+    ap.add_argument("--hidden", type=int, default=6144)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--json", action="store_true", help="print raw rows")
+    args = ap.parse_args()
+
+    cfgs = configs(args.hidden, args.dtype, args.max_num_batched_tokens)
+    scen = [{k: v for k, v in c.items() if k != "name"} for c in cfgs]
+    result = {}
+    for label, tree in (("before", args.tree_before), ("after", args.tree_after)):
+        rows = run_scenario(tree, "bug_b:bench_table", configs=scen)
+        if isinstance(rows, dict) and "error" in rows:
+            sys.exit(
+                f"{label} tree {tree}: {rows['error']}: {rows['message']}\n{rows.get('stderr', '')}"
+            )
+        result[label] = rows
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+
+    print(
+        f"hidden {args.hidden}, {args.dtype}, max_num_batched_tokens "
+        f"{args.max_num_batched_tokens}; memory in MiB per rank"
+    )
+    names = [c["name"] for c in cfgs for _ in ("mnnvl", "trtllm")]
+    for name, before, after in zip(names, result["before"], result["after"], strict=True):
+        assert (before["backend"], before["tp"]) == (after["backend"], after["tp"])
+        budget = "default" if before["budget_mb"] is None else before["budget_mb"]
+        m = before.get("max_token_num") or {}
+        print(
+            f"\n{name} [{before['backend']}] budget={budget} MiB "
+            f"max_token_num={max(m.values()) if m else '-'}"
+        )
+        for label, row in (("before", before), ("after", after)):
+            extra = ""
+            if row["backend"] == "mnnvl":
+                extra = f" buffer={row.get('mnnvl_buffer_size_bytes')} B"
+            print(
+                f"  {label:6} mem={mib(row.get('workspace_bytes_per_rank'))}"
+                f"{extra}  {strategy_text(row)}"
+            )
+            print(
+                f"         vLLM policy over allocation: "
+                f"{row.get('policy_failures')} token counts "
+                f"({ranges(row.get('policy_failure_tokens'))})"
+            )
+        if "alt_vllm_table_bytes_per_rank" in after:
+            delta = after["alt_vllm_table_bytes_per_rank"] - after["workspace_bytes_per_rank"]
+            print(
+                f"  rejected: MNNVL sized for vLLM's TRT-LLM table (1shot up to "
+                f"{after['alt_vllm_table_oneshot_tokens']} tokens): "
+                f"mem={mib(after['alt_vllm_table_bytes_per_rank'])} "
+                f"(+{mib(delta)})"
+            )
+
+
+if __name__ == "__main__":
+    main()

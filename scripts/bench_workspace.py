@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""FlashInfer all-reduce fusion workspace per rank, before and after patch
+0002 (bug A), for the seed configuration and a few others.
+
+For every configuration it runs the REAL vLLM code of each tree (config,
+worker init, AllReduceFusionPass for target and drafter, the fused op's lazy
+creation) in a subprocess via tests/scenarios/bug_a.py:bench, with the
+device layer simulated (no GPU: FlashInfer workspace objects are built with
+FlashInfer's own sizing formulas, no memory is allocated).  It prints:
+
+  before cold / warm   bytes v0.27.1 allocates: first caller wins, so it
+                       depends on the order (cold: target pass first; warm:
+                       AOT cache, the target's fused op creates it);
+  after                bytes with the patch (any order);
+  min need             the least FlashInfer needs so that every shape the
+                       fusion budget admits fits: max over both models and
+                       every token count n up to the budget's token limit of
+                       FlashInfer's own requirement (trtllm: sizing of the
+                       largest token*hidden product; mnnvl:
+                       get_required_buffer_size_bytes with the AUTO strategy
+                       vLLM uses, times its 3 Lamport buffers);
+  fused (after)        compile ranges in which the patched tree applies the
+                       fusion, target | draft (every range up to the limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
+
+PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+MiB = 1024 * 1024
+
+CONFIGS = [
+    # seed: Qwen3-30B-A3B (2048) + Qwen3-4B draft (2560), 2xH100
+    dict(target_hidden=2048, draft_hidden=2560, tp=2, capability=90,
+         max_num_batched_tokens=8192, backend="trtllm"),
+    dict(target_hidden=2048, draft_hidden=2560, tp=4, capability=90,
+         max_num_batched_tokens=8192, backend="trtllm"),
+    dict(target_hidden=2048, draft_hidden=2560, tp=8, capability=90,
+         max_num_batched_tokens=8192, backend="trtllm"),
+    dict(target_hidden=4096, draft_hidden=2048, tp=2, capability=90,
+         max_num_batched_tokens=8192, backend="trtllm"),
+    dict(target_hidden=4096, draft_hidden=4096, tp=4, capability=100,
+         max_num_batched_tokens=8192, backend="trtllm"),
+    dict(target_hidden=2048, draft_hidden=2560, tp=4, capability=100,
+         max_num_batched_tokens=8192, backend="mnnvl"),
+    dict(target_hidden=2048, draft_hidden=4096, tp=8, capability=100,
+         max_num_batched_tokens=2048, backend="mnnvl"),
+    dict(target_hidden=6144, draft_hidden=7168, tp=8, capability=103,
+         max_num_batched_tokens=8192, backend="mnnvl"),
+    dict(target_hidden=5120, draft_hidden=None, tp=2, capability=100,
+         max_num_batched_tokens=16384, backend="trtllm"),
+]  # fmt: skip
+
+
+def min_need(c: dict, budget: int | None) -> int:
+    """Least bytes per rank FlashInfer needs for every admitted shape."""
+    import bug_a
+    import torch
+
+    if budget is None:
+        return 0
+    widths = [c["target_hidden"]] + ([c["draft_hidden"]] if c["draft_hidden"] else [])
+    dtype, tp = torch.bfloat16, c["tp"]
+    widest = max(widths)
+    # token limit the budget admits for the widest model (shared workspace)
+    limit = min(budget // (widest * 2), c["max_num_batched_tokens"])
+    if limit < 1:
+        return 0
+    if c["backend"] == "trtllm":
+        m = bug_a.trtllm_sizes(tp, limit, widest, dtype)
+        r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+        return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
+    from flashinfer.comm.trtllm_mnnvl_ar import (
+        MNNVLAllreduceFusionStrategy,
+        MNNVLAllReduceFusionWorkspace,
+    )
+
+    need = max(
+        MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
+            tp, n, h, dtype, MNNVLAllreduceFusionStrategy.AUTO
+        )
+        for h in widths
+        for n in range(1, limit + 1)
+    )
+    return need // 16 * 16 * MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree-before", type=Path, help="vLLM tree without 0002")
+    ap.add_argument("--tree-after", type=Path, help="vLLM tree with 0002")
+    args = ap.parse_args()
+
+    from harness import run_scenario, tree_after, tree_before
+
+    trees = {
+        "before": args.tree_before or tree_before(PATCH),
+        "after": args.tree_after or tree_after(PATCH),
+    }
+    res = {k: run_scenario(t, "bug_a:bench", configs=CONFIGS) for k, t in trees.items()}
+    for k, r in res.items():
+        if isinstance(r, dict) and "error" in r:
+            print(f"{k}: {r['error']}: {r['message']}\n{r.get('stderr', '')}")
+            return 1
+
+    # min_need uses FlashInfer's own sizing; import it the way the trees do
+    from harness import flashinfer_site, pinned_flashinfer
+
+    sys.path.insert(0, str(flashinfer_site(pinned_flashinfer(trees["after"]))))
+
+    def fmt(b):
+        return f"{b / MiB:9.2f}"
+
+    hdr = (
+        f"{'target/draft':>12} {'TP':>2} {'SM':>3} {'tokens':>6} {'backend':>7} | "
+        f"{'before cold':>11} {'before warm':>11} {'after':>9} {'min need':>9} "
+        f"{'=min':>4} | fused ranges after (target | draft)"
+    )
+    print("FlashInfer all-reduce workspace per rank, MiB (bf16)")
+    print(hdr)
+    print("-" * len(hdr))
+    ok = True
+    for b, a in zip(res["before"], res["after"], strict=True):
+        c = a["config"]
+        if "error" in a or "error" in b:
+            print(c, a.get("error"), b.get("error"))
+            ok = False
+            continue
+        need = min_need(c, a["budget"])
+        eq = a["cold_bytes"] == a["warm_bytes"] == need
+        ok &= eq
+        plans = a["plans"]
+        fused = " | ".join(
+            ",".join(f"[{r[0]},{r[1]}]" for r in plans[m]["fused_ranges"]) or "-"
+            for m in ("target", "draft")
+            if m in plans
+        )
+        draft = c["draft_hidden"] or "-"
+        print(
+            f"{c['target_hidden']:>5}/{draft!s:<6} {c['tp']:>2} {c['capability']:>3} "
+            f"{c['max_num_batched_tokens']:>6} {c['backend']:>7} | "
+            f"{fmt(b['cold_bytes']):>11} {fmt(b['warm_bytes']):>11} "
+            f"{fmt(a['cold_bytes'])} {fmt(need)} {'yes' if eq else 'NO':>4} | {fused}"
+        )
+    print(
+        "\nbefore cold/warm: first caller wins (cold: target pass first; warm: the "
+        "target's fused op from the AOT cache).\nafter: same bytes in cold and warm "
+        "order; '=min' compares it with FlashInfer's minimum for every admitted shape."
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1009 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bug A scenarios (seed 000, issue 3): the FlashInfer all-reduce fusion
+workspace under speculative decoding with TP > 1.
+
+Each public function is a scenario that ``harness.run_scenario`` runs in a
+fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:tests/scenarios``
+and that returns a JSON-serialisable dict.
+
+What is REAL (taken from the vLLM tree under test and the installed FlashInfer):
+  * vLLM's configuration: ``ModelConfig`` (from local ``config.json`` files, no
+    weights), ``SpeculativeConfig``, ``VllmConfig.__post_init__`` (compile
+    ranges), the drafter's configuration via
+    ``DraftModelProposer._create_draft_vllm_config``;
+  * the worker's ``init_worker_distributed_environment`` (gpu_worker.py);
+  * ``AllReduceFusionPass`` (sizing, workspace creation, pattern registration,
+    ``is_applicable_for_range``), the custom op
+    ``call_trtllm_fused_allreduce_norm`` and the workspace getters /
+    ``FlashInferAllReduce`` of ``flashinfer_all_reduce.py``;
+  * FlashInfer's Python layer: ``allreduce_fusion`` dispatch,
+    ``trtllm_allreduce_fusion`` / ``trtllm_mnnvl_*`` argument and workspace
+    validation (``check_trtllm_allreduce_fusion_workspace_metadata``,
+    ``is_buffer_size_sufficient``), ``MNNVLAllReduceFusionWorkspace``
+    sizing helpers and thresholds.
+
+What is SIMULATED (there is no GPU):
+  * the device: ``current_platform.is_cuda()`` returns True,
+    ``get_device_capability()`` the chosen SM version and ``device_count()`` 8;
+  * torch.distributed: a fake TP group coordinator (``world_size`` = TP, rank
+    0, one node) is installed in ``vllm.distributed.parallel_state``; its
+    all-reduce returns ``input * world_size`` (every rank holds the same
+    partial sums).  The worker's ``init_distributed_environment`` /
+    ``ensure_model_parallel_initialized`` only install that group;
+  * GPU allocation: ``flashinfer.comm.create_allreduce_fusion_workspace``
+    builds FlashInfer's real workspace classes with ``cls.__new__`` and sets
+    their sizing attributes with FlashInfer's own formulas
+    (``trtllm_create_ipc_workspace_for_all_reduce_fusion`` metadata;
+    ``MNNVLAllReduceFusionWorkspace.__init__`` buffer size, without the
+    multicast allocation granularity round-up);
+  * kernels: FlashInfer's JIT modules (``get_trtllm_comm_module``,
+    ``get_trtllm_mnnvl_comm_module``) are replaced by CPU reference kernels;
+    everything FlashInfer does before the launch runs for real;
+  * vLLM's ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``;
+  * "a new process" (warm start) is simulated inside one interpreter by
+    destroying the workspaces and forgetting the planned size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import types
+from typing import Any
+
+MiB = 1024 * 1024
+SEED_MESSAGE = (
+    "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
+    "(8192) * hidden_dim (2048)"
+)
+
+_MODEL_DIR = os.path.join(tempfile.gettempdir(), f"bug_a_models_{os.getuid()}")
+_state: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------
+# simulation layer
+# --------------------------------------------------------------------------
+def _model_dir(hidden: int) -> str:
+    """A local Qwen3-style config.json with the given hidden size (no weights)."""
+    d = os.path.join(_MODEL_DIR, f"qwen3_h{hidden}")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        os.makedirs(d, exist_ok=True)
+        cfg = {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 3,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "num_hidden_layers": 2,
+            "vocab_size": 151936,
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "torch_dtype": "bfloat16",
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+        }
+        tmp = os.path.join(d, f".config.{os.getpid()}.json")
+        with open(tmp, "w") as f:
+            json.dump(cfg, f)
+        os.replace(tmp, os.path.join(d, "config.json"))
+    return d
+
+
+class FakeTPGroup:
+    """Simulated TP GroupCoordinator: rank 0 of ``world_size`` ranks."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.rank_in_group = 0
+        self.rank = 0
+        self.local_rank = 0
+        self.cpu_group = types.SimpleNamespace(name=f"fake_tp{world_size}")
+        self.device_group = self.cpu_group
+        self.unique_name = "tp:0"
+        self.all_reduce_calls = 0
+
+    def all_reduce(self, x):
+        self.all_reduce_calls += 1
+        return x * self.world_size
+
+
+def _ws_bytes(ws) -> int:
+    """Bytes per rank of a (simulated) FlashInfer workspace."""
+    if ws.backend == "trtllm":
+        m = ws.metadata
+        r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+        return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
+    return ws.workspace_size_bytes
+
+
+def trtllm_sizes(world_size, max_token_num, hidden_dim, dtype):
+    """FlashInfer's trtllm_create_ipc_workspace_for_all_reduce_fusion sizing."""
+    import torch
+    from flashinfer.comm import trtllm_ar
+
+    use_fp32_lamport = dtype == torch.float32
+    buffer_size = world_size * max_token_num * hidden_dim * 2
+    flag_size = world_size * trtllm_ar.BarrierFlagCount * 4
+    lamport_comm_size = world_size * max_token_num * hidden_dim * (4 if use_fp32_lamport else 2)
+    lamport_comm_size = min(lamport_comm_size, trtllm_ar.MAX_COMM_SIZE)
+    return {
+        "tp_rank": 0,
+        "tp_size": world_size,
+        "max_token_num": max_token_num,
+        "hidden_dim": hidden_dim,
+        "use_fp32_lamport": use_fp32_lamport,
+        "buffer_size": buffer_size,
+        "flag_size": flag_size,
+        "lamport_comm_size": lamport_comm_size,
+        "lamport_buffer_size": lamport_comm_size * 3,
+    }
+
+
+def mnnvl_buffer_size(world_size, max_token_num, hidden_dim, dtype, force_oneshot):
+    """FlashInfer's MNNVLAllReduceFusionWorkspace.__init__ buffer sizing."""
+    import torch
+    from flashinfer.comm.trtllm_mnnvl_ar import (
+        MNNVL_ONE_SHOT_THRESHOLD,
+        MNNVLAllreduceFusionStrategy,
+        MNNVLAllReduceFusionWorkspace,
+    )
+
+    req = MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes
+    if force_oneshot:
+        return req(
+            world_size,
+            max_token_num,
+            hidden_dim,
+            dtype,
+            MNNVLAllreduceFusionStrategy.ONESHOT,
+        )
+    elem = torch.tensor([], dtype=dtype).element_size()
+    oneshot_tokens = min(
+        MNNVL_ONE_SHOT_THRESHOLD // (world_size * elem * hidden_dim), max_token_num
+    )
+    return max(
+        req(
+            world_size,
+            oneshot_tokens,
+            hidden_dim,
+            dtype,
+            MNNVLAllreduceFusionStrategy.ONESHOT,
+        ),
+        req(
+            world_size,
+            max_token_num,
+            hidden_dim,
+            dtype,
+            MNNVLAllreduceFusionStrategy.TWOSHOT,
+        ),
+    )
+
+
+def make_workspace(
+    backend,
+    world_size,
+    rank,
+    max_token_num,
+    hidden_dim,
+    dtype,
+    force_oneshot_support=False,
+    buffer_size_in_bytes=None,
+):
+    """A real FlashInfer workspace object without GPU memory (cls.__new__)."""
+    from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllReduceFusionWorkspace
+
+    if backend == "trtllm":
+        ws = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
+        ws.metadata = trtllm_sizes(world_size, max_token_num, hidden_dim, dtype)
+        ws.ipc_handles = []
+        ws.workspace_tensor = None
+        ws.mem_handles = []
+        ws._internal_workspace = (None, None, ws.metadata)
+    elif backend == "mnnvl":
+        ws = MNNVLAllReduceFusionWorkspace.__new__(MNNVLAllReduceFusionWorkspace)
+        if buffer_size_in_bytes is None:
+            buffer_size_in_bytes = mnnvl_buffer_size(
+                world_size, max_token_num, hidden_dim, dtype, force_oneshot_support
+            )
+        allocated = buffer_size_in_bytes * ws.NUM_LAMPORT_BUFFERS
+        ws.tp_size = world_size
+        ws.buffer_size_bytes = allocated // ws.NUM_LAMPORT_BUFFERS // 16 * 16
+        ws.workspace_size_bytes = ws.buffer_size_bytes * ws.NUM_LAMPORT_BUFFERS
+        ws.handle = types.SimpleNamespace()
+        ws.mc_ptr = 1
+        ws.uc_ptrs_dev = ws.uc_ptr_local = ws.buffer_flags = None
+    else:
+        raise RuntimeError(f"Unknown backend: {backend}")
+    ws.world_size = world_size
+    ws.rank = rank
+    # No GPU memory behind it: make destroy()/__del__ no-ops.
+    ws._destroyed = True
+    _state["created"].append(
+        {
+            "backend": backend,
+            "max_token_num": max_token_num,
+            "hidden_dim": hidden_dim,
+            "bytes": _ws_bytes(ws),
+        }
+    )
+    return ws
+
+
+def _reference_kernel(x, residual_in, gamma, eps, weight_bias, world_size):
+    """CPU reference of all-reduce (+ residual add + RMSNorm)."""
+    import torch
+
+    ar = x.float() * world_size
+    if residual_in is None:
+        return ar, None, None
+    s = ar + residual_in.float()
+    normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
+    normed = normed * (gamma.float() + weight_bias)
+    return ar, s, normed
+
+
+class _FakeTrtllmModule:
+    """Stands in for FlashInfer's compiled trtllm comm module (the kernel)."""
+
+    def trtllm_allreduce_fusion(self, **kw):
+        import torch
+
+        _state["kernel_calls"].append(("trtllm", kw["token_num"], kw["hidden_dim"]))
+        n, h = kw["token_num"], kw["hidden_dim"]
+        x = kw["allreduce_in"].view(n, h)
+        res = kw.get("residual_in")
+        res = res.view(n, h) if res is not None else None
+        gamma = kw.get("rms_gamma")
+        ar, s, normed = _reference_kernel(
+            x,
+            res,
+            gamma,
+            kw.get("rms_eps") or 1e-6,
+            kw.get("weight_bias") or 0.0,
+            kw["world_size"],
+        )
+        if kw.get("allreduce_out") is not None:
+            kw["allreduce_out"].view(n, h).copy_(ar)
+        if s is not None and kw.get("residual_out") is not None:
+            kw["residual_out"].view(n, h).copy_(s)
+        if normed is not None and kw.get("norm_out") is not None:
+            kw["norm_out"].view(n, h).copy_(normed)
+        q = kw.get("quant_out")
+        if q is not None and q.dtype == torch.float8_e4m3fn:
+            m = torch.finfo(q.dtype).max
+            scale = kw["scale_factor"].float()
+            normed = normed.to(kw["allreduce_in"].dtype).float()
+            q.view(n, h).copy_((normed / scale).clamp(-m, m).to(q.dtype))
+
+
+class _FakeMnnvlModule:
+    """Stands in for FlashInfer's compiled MNNVL comm module (the kernel)."""
+
+    def trtllm_mnnvl_allreduce_fusion(
+        self,
+        inp,
+        mc_ptr,
+        uc_ptrs,
+        uc_local,
+        flags,
+        tp_size,
+        rank,
+        rmsnorm,
+        pdl,
+        oneshot,
+        output,
+        residual_out=None,
+        residual_in=None,
+        gamma=None,
+        eps=1e-6,
+        weight_bias=0.0,
+        *args,
+    ):
+        _state["kernel_calls"].append(("mnnvl", inp.shape[0], inp.shape[1]))
+        ar, s, normed = _reference_kernel(
+            inp, residual_in if rmsnorm else None, gamma, eps, weight_bias, tp_size
+        )
+        if not rmsnorm:
+            output.copy_(ar)
+            return
+        output.copy_(normed)
+        residual_out.copy_(s)
+
+    def __getattr__(self, name):
+        def kernel(*args, **kwargs):
+            _state["kernel_calls"].append(("mnnvl:" + name, None, None))
+
+        return kernel
+
+
+def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
+    """Install the simulated device layer (see module docstring)."""
+    os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
+    import vllm_cpu_stubs
+
+    vllm_cpu_stubs.register()  # torch.ops._C stand-ins, before any vLLM import
+
+    # Import the vLLM modules used here while the platform is still the CPU
+    # host's (their import-time kernel probes would need vllm._C); the device
+    # is simulated from here on.
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion  # noqa: F401
+    import vllm.v1.spec_decode.draft_model  # noqa: F401
+    import vllm.v1.worker.gpu_worker  # noqa: F401
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    current_platform.is_cuda = lambda: True
+    current_platform.device_count = lambda: 8
+    current_platform.get_device_capability = lambda device_id=0: DeviceCapability(
+        capability // 10, capability % 10
+    )
+
+    import flashinfer.comm as flashinfer_comm
+    import flashinfer.comm.trtllm_ar as trtllm_ar
+    import flashinfer.comm.trtllm_mnnvl_ar as trtllm_mnnvl_ar
+    import vllm.distributed.parallel_state as ps
+
+    ps._TP = FakeTPGroup(tp)
+    ps._NODE_COUNT = 1
+
+    def create(
+        backend,
+        world_size,
+        rank,
+        max_token_num,
+        hidden_dim,
+        dtype,
+        gpus_per_node=None,
+        comm_backend=None,
+        force_oneshot_support=False,
+        group=None,
+    ):
+        return make_workspace(
+            backend, world_size, rank, max_token_num, hidden_dim, dtype, force_oneshot_support
+        )
+
+    flashinfer_comm.create_allreduce_fusion_workspace = create
+    trtllm_ar.get_trtllm_comm_module = lambda: _FakeTrtllmModule()
+    trtllm_mnnvl_ar.get_trtllm_mnnvl_comm_module = lambda: _FakeMnnvlModule()
+
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    fiar.TorchDistBackend = lambda group=None: None
+    fiar.dist = types.SimpleNamespace(
+        get_world_size=lambda group=None: ps._TP.world_size,
+        get_rank=lambda group=None: 0,
+    )
+    _state.update(
+        created=[], kernel_calls=[], passes=[], tp=tp, capability=capability, backend=backend
+    )
+
+
+def new_process(tp: int | None = None) -> None:
+    """Simulate a fresh worker process: no workspace, no planned size."""
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    _state["passes"].clear()
+    fiar.destroy_fi_ar_workspace()
+    if hasattr(fiar, "_fi_ar_workspace_shape"):
+        fiar._fi_ar_workspace_shape = None
+    if tp is not None:
+        import vllm.distributed.parallel_state as ps
+
+        ps._TP = FakeTPGroup(tp)
+    _state["created"].clear()
+    _state["kernel_calls"].clear()
+
+
+# --------------------------------------------------------------------------
+# engine pieces (real vLLM code)
+# --------------------------------------------------------------------------
+def engine_config(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=2,
+    max_num_batched_tokens=8192,
+    dtype="bfloat16",
+    spec_method="draft_model",
+):
+    """The engine's VllmConfig, as ``vllm serve`` would build it."""
+    from vllm.config import (
+        CompilationConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+
+    max_model_len = 4096
+    mc = ModelConfig(
+        model=_model_dir(target_hidden),
+        dtype=dtype,
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+    )
+    pc = ParallelConfig(tensor_parallel_size=tp)
+    spec = None
+    if draft_hidden is not None:
+        spec = SpeculativeConfig(
+            method=spec_method,
+            model=_model_dir(draft_hidden),
+            num_speculative_tokens=1,
+            target_model_config=mc,
+            target_parallel_config=pc,
+        )
+    return VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        model_config=mc,
+        parallel_config=pc,
+        speculative_config=spec,
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            is_encoder_decoder=False,
+        ),
+        compilation_config=CompilationConfig(pass_config={"fuse_allreduce_rms": True}),
+    )
+
+
+def draft_config(vllm_config):
+    """The drafter's VllmConfig, from DraftModelProposer's own code."""
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer.__new__(DraftModelProposer)
+    proposer.vllm_config = vllm_config
+    proposer.speculative_config = vllm_config.speculative_config
+    return proposer._create_draft_vllm_config()
+
+
+def worker_init(vllm_config) -> None:
+    """gpu_worker.init_worker_distributed_environment, simulated collectives."""
+    import vllm.distributed.parallel_state as ps
+    import vllm.v1.worker.gpu_worker as gw
+
+    tp = vllm_config.parallel_config.tensor_parallel_size
+
+    def init_dist(*args, **kwargs):
+        ps._NODE_COUNT = 1
+
+    def ensure_mp(*args, **kwargs):
+        ps._TP = FakeTPGroup(tp)
+
+    gw.init_distributed_environment = init_dist
+    gw.ensure_model_parallel_initialized = ensure_mp
+    gw.init_worker_distributed_environment(vllm_config, rank=0, local_rank=0)
+
+
+def fusion_pass(vllm_config):
+    """Construct AllReduceFusionPass as the compiler does."""
+    from vllm.compilation.passes.fusion.allreduce_rms_fusion import (
+        AllReduceFusionPass,
+    )
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(vllm_config):
+        fpass = AllReduceFusionPass(vllm_config)
+    # The compiler's pass manager keeps its passes alive (their __del__
+    # destroys the workspace).
+    _state["passes"].append(fpass)
+    return fpass
+
+
+def compile_plan(vllm_config, fpass) -> dict:
+    """Which compile ranges get the fused op, and the max_token_num it bakes."""
+    ranges = vllm_config.compilation_config.get_compile_ranges()
+    fused = [
+        [r.start, r.end] for r in ranges if fpass is not None and fpass.is_applicable_for_range(r)
+    ]
+    return {
+        "ranges": [[r.start, r.end] for r in ranges],
+        "fused_ranges": fused,
+        "max_token_num": getattr(fpass, "max_token_num", None),
+        "hidden": vllm_config.model_config.get_hidden_size(),
+    }
+
+
+def fusion_covers_budget(vllm_config, plan) -> bool:
+    """Fusion is on for every compile range that fits the budget for this model."""
+    pc = vllm_config.compilation_config.pass_config
+    budget = pc.flashinfer_max_size(vllm_config.parallel_config.tensor_parallel_size)
+    if budget is None or plan["max_token_num"] is None:
+        return False
+    limit = plan["max_token_num"]
+    need = [r for r in plan["ranges"] if r[1] <= limit]
+    return bool(need) and all(r in plan["fused_ranges"] for r in need)
+
+
+def forward(plan, num_tokens, pattern="kARResidualRMSNorm", dtype="bfloat16", weight_bias=0.0):
+    """Run one fused all-reduce+RMSNorm site of a compiled graph.
+
+    Only if the compiled range holding ``num_tokens`` was fused (otherwise the
+    graph has the unfused ops, which never touch FlashInfer).  Returns the
+    outputs so the caller can compare them with the unfused reference.
+    """
+    import torch
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+
+    rng = next((r for r in plan["ranges"] if r[0] <= num_tokens <= r[1]), None)
+    if rng is None or rng not in plan["fused_ranges"]:
+        return {"fused": False}
+    h = plan["hidden"]
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(num_tokens * 7 + h)
+    x = torch.randn(num_tokens, h, generator=g).to(dt)
+    res = torch.randn(num_tokens, h, generator=g).to(dt)
+    gamma = torch.randn(h, generator=g).to(dt)
+    x0, res0 = x.clone(), res.clone()
+    patterns = arf.flashinfer_comm.AllReduceFusionPattern
+    code = getattr(patterns, pattern)
+    quant_out = scale = None
+    if pattern == "kARResidualRMSNormFP8Quant":
+        quant_out = torch.empty(num_tokens, h, dtype=torch.float8_e4m3fn)
+        scale = torch.tensor([0.05], dtype=torch.float32)
+    torch.ops.vllm.flashinfer_trtllm_fused_allreduce_norm(
+        allreduce_in=x,
+        residual=res,
+        rms_gamma=gamma,
+        rms_eps=1e-6,
+        pattern_code=code,
+        norm_out=None,
+        quant_out=quant_out,
+        scale_out=None,
+        scale_factor=scale,
+        weight_bias=weight_bias,
+        world_size=_state["tp"],
+        launch_with_pdl=True,
+        fp32_acc=True,
+        max_token_num=plan["max_token_num"],
+    )
+    _, s_ref, n_ref = _reference_kernel(x0, res0, gamma, 1e-6, weight_bias, _state["tp"])
+    err = max(
+        (x.float() - n_ref.to(dt).float()).abs().max().item(),
+        (res.float() - s_ref.to(dt).float()).abs().max().item(),
+    )
+    out = {"fused": True, "max_abs_err": err}
+    if quant_out is not None:
+        m = torch.finfo(torch.float8_e4m3fn).max
+        q_ref = (n_ref.to(dt).float() / 0.05).clamp(-m, m).to(torch.float8_e4m3fn)
+        out["quant_max_abs_err"] = (quant_out.float() - q_ref.float()).abs().max().item()
+    return out
+
+
+def token_counts(plan, max_num_batched_tokens) -> list[int]:
+    """Token counts a compiled graph may send to its fused sites: one token,
+    the largest fused compile-range end, and the profile run's batch."""
+    ends = [r[1] for r in plan["fused_ranges"]]
+    return sorted({1, max_num_batched_tokens, *ends[-1:]})
+
+
+def forward_all(plan, max_num_batched_tokens, pattern="kARResidualRMSNorm"):
+    return {str(n): forward(plan, n, pattern) for n in token_counts(plan, max_num_batched_tokens)}
+
+
+def _workspaces() -> dict:
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    out = {}
+    for name in ("_fi_ar_workspace", "_fi_ar_quant_workspace"):
+        ws = getattr(fiar, name)
+        if ws is None:
+            out[name] = None
+        elif ws.backend == "trtllm":
+            out[name] = {
+                "backend": "trtllm",
+                "max_token_num": ws.metadata["max_token_num"],
+                "hidden_dim": ws.metadata["hidden_dim"],
+                "bytes": _ws_bytes(ws),
+            }
+        else:
+            out[name] = {
+                "backend": "mnnvl",
+                "buffer_size_bytes": ws.buffer_size_bytes,
+                "bytes": _ws_bytes(ws),
+            }
+    return out
+
+
+def _kernel_calls():
+    return [list(c) for c in _state["kernel_calls"]]
+
+
+# --------------------------------------------------------------------------
+# scenarios
+# --------------------------------------------------------------------------
+def cold_start(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=2,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+    pattern="kARResidualRMSNorm",
+):
+    """Seed config, empty compile cache: the worker starts, the compiler builds
+    the target's fusion pass, then the drafter's, then the profile run sends
+    ``max_num_batched_tokens`` tokens through target and drafter."""
+    setup(tp, capability, backend)
+    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    worker_init(cfg)
+    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
+    dcfg = None
+    if draft_hidden is not None:
+        dcfg = draft_config(cfg)
+        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
+    results = {}
+    for name, plan in plans.items():
+        results[name] = forward_all(plan, max_num_batched_tokens, pattern)
+    covers = {
+        "target": fusion_covers_budget(cfg, plans["target"]),
+    }
+    if dcfg is not None:
+        covers["draft"] = fusion_covers_budget(dcfg, plans["draft"])
+    return {
+        "plans": plans,
+        "forward": results,
+        "workspaces": _workspaces(),
+        "created": list(_state["created"]),
+        "kernel_calls": _kernel_calls(),
+        "fusion_covers_budget": covers,
+    }
+
+
+def warm_start(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=2,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+    target_pattern="kARResidualRMSNorm",
+    draft_pattern="kARResidualRMSNorm",
+):
+    """Warm AOT compile cache: a first run compiled both models (passes built,
+    fused ops baked with the pass's ``max_token_num``); then a new process
+    loads both graphs from the cache, so no pass is constructed and the
+    compiled op creates the workspace lazily with the target's tensors."""
+    setup(tp, capability, backend)
+    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    # first (cold) run, which filled the cache
+    worker_init(cfg)
+    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
+    if draft_hidden is not None:
+        plans["draft"] = compile_plan(draft_config(cfg), fusion_pass(draft_config(cfg)))
+    # second run: new process, graphs come from the AOT cache
+    new_process(tp)
+    worker_init(cfg)
+    results = {"target": forward_all(plans["target"], max_num_batched_tokens, target_pattern)}
+    if draft_hidden is not None:
+        results["draft"] = forward_all(plans["draft"], max_num_batched_tokens, draft_pattern)
+    return {
+        "plans": plans,
+        "forward": results,
+        "workspaces": _workspaces(),
+        "created": list(_state["created"]),
+        "kernel_calls": _kernel_calls(),
+    }
+
+
+def standalone(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=4,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+):
+    """FlashInferAllReduce (VLLM_ALLREDUCE_USE_FLASHINFER=1): target tensors
+    first, then the drafter's, at every token count up to the limit
+    FlashInferAllReduce accepts for each width (each accepted tensor goes to
+    FlashInfer).  Tensors are CPU tensors presented as CUDA (simulated)."""
+    import torch
+
+    setup(tp, capability, backend)
+    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    worker_init(cfg)
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    class _OnDevice(torch.Tensor):
+        is_cuda = property(lambda self: True)
+
+    comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
+    accepted = {}
+    for name, h in (("target", target_hidden), ("draft", draft_hidden)):
+        if h is None:
+            continue
+        # probe around the limits: largest accepted token count for this width
+        candidates = sorted(
+            {1, 2, 64, max_num_batched_tokens}
+            | {(tp_budget_elems(cfg) // h) + d for d in (-1, 0, 1)}
+            | {(tp_budget_elems(cfg) // target_hidden) + d for d in (-1, 0, 1)}
+        )
+        accepted[name] = []
+        for n in candidates:
+            if n < 1 or n > max_num_batched_tokens:
+                continue
+            t = torch.Tensor._make_subclass(_OnDevice, torch.ones(n, h, dtype=torch.bfloat16))
+            if comm.should_use_fi_ar(t):
+                comm.all_reduce(t)
+                accepted[name].append(n)
+    return {
+        "accepted": accepted,
+        "workspaces": _workspaces(),
+        "kernel_calls": _kernel_calls(),
+    }
+
+
+def fiar_group():
+    import vllm.distributed.parallel_state as ps
+
+    return ps._TP.cpu_group
+
+
+def tp_budget_elems(cfg) -> int:
+    pc = cfg.compilation_config.pass_config
+    return pc.flashinfer_max_size(cfg.parallel_config.tensor_parallel_size) // 2
+
+
+def fallback(
+    target_hidden=2048,
+    tp=2,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+    pattern="kARResidualRMSNorm",
+    weight_bias=0.0,
+):
+    """A compiled graph whose baked ``max_token_num`` exceeds the workspace
+    (e.g. a stale AOT artifact): the op must not hand FlashInfer the shape.
+    The workspace is created by the target's pass; the graph then sends twice
+    the planned token count."""
+    setup(tp, capability, backend)
+    import vllm.distributed.parallel_state as ps
+
+    cfg = engine_config(target_hidden, None, tp, max_num_batched_tokens)
+    worker_init(cfg)
+    fusion_pass(cfg)
+    big = {
+        "ranges": [[1, max_num_batched_tokens * 2]],
+        "fused_ranges": [[1, max_num_batched_tokens * 2]],
+        "max_token_num": max_num_batched_tokens * 2,
+        "hidden": target_hidden,
+    }
+    before = ps._TP.all_reduce_calls
+    out = forward(big, max_num_batched_tokens * 2, pattern, weight_bias=weight_bias)
+    out["unfused_all_reduce_calls"] = ps._TP.all_reduce_calls - before
+    out["kernel_calls"] = _kernel_calls()
+    return out
+
+
+def suite() -> dict:
+    """Run the named cases in this one interpreter, each in a simulated new
+    process; an exception is reported as {"error", "message"}."""
+    cases = {
+        "cold_seed": (cold_start, {}),
+        "warm_seed": (warm_start, {}),
+        "cold_quant_fp8": (cold_start, {"pattern": "kARResidualRMSNormFP8Quant"}),
+        "warm_quant_first": (
+            warm_start,
+            {"target_pattern": "kARResidualRMSNormFP8Quant"},
+        ),
+        "cold_narrow_draft": (cold_start, {"target_hidden": 4096, "draft_hidden": 2048}),
+        "warm_narrow_draft": (warm_start, {"target_hidden": 4096, "draft_hidden": 2048}),
+        "cold_equal": (cold_start, {"target_hidden": 2048, "draft_hidden": 2048}),
+        "warm_equal": (warm_start, {"target_hidden": 2048, "draft_hidden": 2048}),
+        "cold_no_spec": (cold_start, {"draft_hidden": None}),
+        "warm_no_spec": (warm_start, {"draft_hidden": None}),
+        "cold_tp4_budget": (cold_start, {"tp": 4}),
+        "warm_mnnvl_sm100": (warm_start, {"backend": "mnnvl", "capability": 100, "tp": 4}),
+        "standalone_tp4": (standalone, {}),
+        "fallback_oversize": (fallback, {}),
+        "fallback_oversize_gemma": (fallback, {"weight_bias": 1.0}),
+    }
+    out = {}
+    for name, (fn, kwargs) in cases.items():
+        try:
+            out[name] = fn(**kwargs)
+        except Exception as e:  # reported, like the harness does
+            out[name] = {"error": type(e).__name__, "message": str(e)}
+        finally:
+            with contextlib.suppress(Exception):
+                new_process()
+    return out
+
+
+# --------------------------------------------------------------------------
+# property: every shape the compiled graphs may send fits the workspace
+# --------------------------------------------------------------------------
+HIDDEN_SIZES = [1024, 2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192]
+
+
+def fits(ws, num_tokens, hidden, tp, dtype) -> bool:
+    """FlashInfer's own check of one shape against a workspace."""
+    from flashinfer.comm.trtllm_ar import (
+        check_trtllm_allreduce_fusion_workspace_metadata,
+    )
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy
+
+    if ws.backend == "trtllm":
+        try:
+            check_trtllm_allreduce_fusion_workspace_metadata(
+                num_tokens, hidden, tp, dtype, ws.metadata
+            )
+        except ValueError:
+            return False
+        return True
+    # vLLM passes use_oneshot=None for MNNVL: FlashInfer's AUTO strategy.
+    strategy = MNNVLAllreduceFusionStrategy.select_strategy(tp, num_tokens, hidden, dtype)
+    return ws.is_buffer_size_sufficient(tp, num_tokens, hidden, dtype, strategy)
+
+
+def sent_sizes(plan, tp, elem=2) -> list[int]:
+    """Token counts worth checking for a model's fused ranges: 1, each fused
+    range end and, for MNNVL's non-monotonic need, its one-shot boundary."""
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVL_ONE_SHOT_THRESHOLD
+
+    if not plan["fused_ranges"]:
+        return []
+    top = plan["fused_ranges"][-1][1]
+    n1 = MNNVL_ONE_SHOT_THRESHOLD // (tp * elem * plan["hidden"])
+    sizes = {1, *(r[1] for r in plan["fused_ranges"]), n1, n1 + 1}
+    return sorted(n for n in sizes if 1 <= n <= top)
+
+
+def check_case(
+    target_hidden, draft_hidden, tp, capability, max_num_batched_tokens, backend
+) -> dict:
+    """Cold and warm order for one configuration; list what does not fit."""
+    import torch
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    setup(tp, capability, backend)
+    new_process(tp)
+    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    configs = {"target": cfg}
+    if draft_hidden is not None:
+        configs["draft"] = draft_config(cfg)
+    bad: list[str] = []
+    # cold: passes built target first, then drafter
+    worker_init(cfg)
+    plans = {k: compile_plan(c, fusion_pass(c)) for k, c in configs.items()}
+    lost = [k for k, p in plans.items() if not p["fused_ranges"]]
+
+    def check(order):
+        ws = fiar._fi_ar_workspace
+        for name, plan in plans.items():
+            for n in sent_sizes(plan, tp):
+                if ws is None or not fits(ws, n, plan["hidden"], tp, torch.bfloat16):
+                    bad.append(f"{order}:{name}:{n}x{plan['hidden']}")
+
+    check("cold")
+    # warm: no pass; the target's compiled op creates the workspace lazily
+    new_process(tp)
+    worker_init(cfg)
+    first = next((p for p in plans.values() if p["fused_ranges"]), None)
+    if first is not None:
+        try:
+            forward(first, 1)
+        except Exception as e:  # noqa: BLE001
+            bad.append(f"warm:create:{type(e).__name__}")
+        check("warm")
+    bytes_ = _ws_bytes(fiar._fi_ar_workspace) if fiar._fi_ar_workspace else 0
+    return {"bad": bad, "fusion_lost": lost, "bytes": bytes_}
+
+
+def property_fits(max_examples: int = 60) -> dict:
+    """Hypothesis over hidden sizes (draft: none / same / any), TP sizes,
+    device capabilities, token limits and backends.  Deterministic
+    (derandomized), so both trees see the same cases.  Never raises: returns
+    how many cases send a shape the workspace cannot hold."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    setup(2, 90, "trtllm")
+    cases: list[dict] = []
+
+    @settings(
+        max_examples=max_examples,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        target_hidden=st.sampled_from(HIDDEN_SIZES),
+        draft=st.one_of(st.none(), st.just("same"), st.sampled_from(HIDDEN_SIZES)),
+        tp=st.sampled_from([2, 4, 8]),
+        capability=st.sampled_from([90, 100, 103]),
+        max_num_batched_tokens=st.sampled_from([256, 1024, 2048, 8192, 16384]),
+        backend=st.sampled_from(["trtllm", "mnnvl"]),
+    )
+    def run(target_hidden, draft, tp, capability, max_num_batched_tokens, backend):
+        draft_hidden = target_hidden if draft == "same" else draft
+        args = dict(
+            target_hidden=target_hidden,
+            draft_hidden=draft_hidden,
+            tp=tp,
+            capability=capability,
+            max_num_batched_tokens=max_num_batched_tokens,
+            backend=backend,
+        )
+        try:
+            res = check_case(**args)
+        except Exception as e:  # noqa: BLE001
+            res = {"bad": [f"error:{type(e).__name__}:{e}"[:200]], "fusion_lost": [], "bytes": 0}
+        cases.append({**args, **res})
+
+    run()
+    failing = [c for c in cases if c["bad"]]
+    return {
+        "cases": len(cases),
+        "failing": len(failing),
+        "failing_wider_draft": sum(
+            1 for c in failing if c["draft_hidden"] and c["draft_hidden"] > c["target_hidden"]
+        ),
+        "fusion_lost": sum(1 for c in cases if c["fusion_lost"]),
+        "failing_examples": failing[:8],
+        "by_backend": {
+            b: sum(1 for c in failing if c["backend"] == b) for b in ("trtllm", "mnnvl")
+        },
+    }
+
+
+# --------------------------------------------------------------------------
+# measurement (scripts/bench_workspace.py)
+# --------------------------------------------------------------------------
+def _all_workspace_bytes() -> int:
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    seen, total = set(), 0
+    for ws in (fiar._fi_ar_workspace, fiar._fi_ar_quant_workspace):
+        if ws is not None and id(ws) not in seen:
+            seen.add(id(ws))
+            total += _ws_bytes(ws)
+    return total
+
+
+def bench(configs: list[dict]) -> list[dict]:
+    """Per config: bytes per rank this tree allocates in cold order (target
+    pass, then drafter pass) and warm order (AOT cache: the target's fused op
+    creates it), and the compile ranges each model fuses (cold plans)."""
+    out = []
+    for c in configs:
+        row: dict[str, Any] = {"config": c}
+        try:
+            setup(c["tp"], c["capability"], c["backend"])
+            new_process(c["tp"])
+            cfg = engine_config(
+                c["target_hidden"], c["draft_hidden"], c["tp"], c["max_num_batched_tokens"]
+            )
+            configs_ = {"target": cfg}
+            if c["draft_hidden"] is not None:
+                configs_["draft"] = draft_config(cfg)
+            worker_init(cfg)
+            plans = {k: compile_plan(v, fusion_pass(v)) for k, v in configs_.items()}
+            row["plans"] = plans
+            row["cold_bytes"] = _all_workspace_bytes()
+            new_process(c["tp"])
+            worker_init(cfg)
+            first = next((p for p in plans.values() if p["fused_ranges"]), None)
+            if first is not None:
+                try:
+                    forward(first, 1)
+                except Exception as e:  # noqa: BLE001
+                    row["warm_error"] = type(e).__name__
+            row["warm_bytes"] = _all_workspace_bytes()
+            row["budget"] = cfg.compilation_config.pass_config.flashinfer_max_size(c["tp"])
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            new_process()
+        out.append(row)
+    return out

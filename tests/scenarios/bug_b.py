@@ -1,0 +1,648 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bug B (seed 001): one-shot all-reduce threshold in two different units.
+
+Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:
+tests/scenarios`` (see ``tests/harness.py``).  They drive the REAL vLLM code of
+the tree under test (the compiled custom op ``call_trtllm_fused_allreduce_norm``
+and the workspace helpers of ``flashinfer_all_reduce``) on top of the REAL
+FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
+classes, their size checks, ``MNNVL_ONE_SHOT_THRESHOLD``,
+``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``).
+
+What is simulated, and only that (there is no GPU here):
+
+* GPU memory.  ``MNNVLAllReduceFusionWorkspace.__init__`` runs unchanged,
+  including its sizing branch; only ``McastGPUBuffer`` (the multicast
+  allocation) is replaced by an object that reports back exactly the size it
+  was asked for, and ``torch.cuda``/``torch.device("cuda")`` inside that module
+  map to the CPU.  On hardware the allocation is rounded UP to the multicast
+  granularity, so a request that fits here also fits there (the converse does
+  not hold: rounding may hide a too-small request on some GPUs).
+* The TRT-LLM IPC workspace.  ``trtllm_create_ipc_workspace_for_all_reduce_fusion``
+  allocates symmetric memory before returning its metadata; it is replaced by
+  a function returning the same metadata, with the sizes computed by the same
+  formulas as trtllm_ar.py (buffer, flag and Lamport sizes, MAX_COMM_SIZE cap).
+* Kernel launch.  The JIT modules behind ``get_trtllm_mnnvl_comm_module`` and
+  ``get_trtllm_comm_module`` are replaced by recorders of the strategy that
+  FlashInfer would launch (``use_oneshot``).  Every FlashInfer check that runs
+  before the launch is the real one.
+* The TP group: one process stands in for rank 0 of a TP group of the given
+  size (``get_tp_group``, ``get_tensor_model_parallel_rank``, ``get_node_count``,
+  FlashInfer's ``TorchDistBackend``).  ``tensor_model_parallel_all_reduce``
+  (only reached by the op's unfused fallback) raises, and the case counts an
+  "unfused" fallback instead of a kernel launch.
+* The device: ``current_platform.is_cuda()`` is True and
+  ``get_device_capability()`` returns the SM version of the case.
+* The engine configuration given to the workspace plan of bug A
+  (``set_fi_ar_workspace_shape``): an object carrying only the fields that
+  the REAL planning methods of ``VllmConfig`` read (target/draft width, dtype,
+  TP size, ``max_num_batched_tokens``, a real ``PassConfig``).
+* vLLM's compiled ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+MiB = 1024 * 1024
+
+_STATE: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------
+# CPU simulation (see module docstring)
+# --------------------------------------------------------------------------
+def _install_simulation() -> dict[str, Any]:
+    if _STATE:
+        return _STATE
+    import flashinfer.comm.allreduce as fi_allreduce
+    import flashinfer.comm.trtllm_ar as fi_trtllm
+    import flashinfer.comm.trtllm_mnnvl_ar as fi_mnnvl
+    import torch
+    import vllm_cpu_stubs  # noqa: F401  (CPU stand-ins for torch.ops._C)
+
+    launches: list[dict[str, Any]] = []
+    allocations: list[dict[str, Any]] = []
+
+    # -- MNNVL: real constructor, simulated multicast allocation -----------
+    class _SimMcastGPUBuffer:
+        def __init__(
+            self,
+            buf_size,
+            group_size,
+            group_rank,
+            device,
+            comm_backend_for_handle_transfer=None,
+            **_,
+        ):
+            self.buf_size = buf_size  # granularity rounding not simulated
+            self.mcast_device_memory = types.SimpleNamespace(
+                get_buffer_ptrs_host=lambda: [0] * group_size
+            )
+            allocations.append({"backend": "mnnvl", "requested_workspace_bytes": buf_size})
+
+        def lamport_initialize(self, rank, dtype):
+            pass
+
+        def get_buffer_ptrs_dev(self):
+            return 0
+
+        def get_unicast_ptr(self, rank):
+            return 0
+
+        def get_multicast_ptr(self):
+            return 1  # multicast available
+
+    class _CpuTorch(types.ModuleType):
+        """``torch`` as seen from trtllm_mnnvl_ar: cuda devices map to CPU."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    cpu_torch = _CpuTorch("torch")
+    cpu_torch.device = lambda *a, **k: torch.device("cpu")
+    cpu_torch.cuda = types.SimpleNamespace(current_device=lambda: 0, synchronize=lambda: None)
+    fi_mnnvl.torch = cpu_torch
+    fi_mnnvl.McastGPUBuffer = _SimMcastGPUBuffer
+
+    def _sim_mnnvl_module():
+        def trtllm_mnnvl_allreduce_fusion(*args):
+            launches.append({"backend": "mnnvl", "use_oneshot": bool(args[9])})
+
+        return types.SimpleNamespace(trtllm_mnnvl_allreduce_fusion=trtllm_mnnvl_allreduce_fusion)
+
+    fi_mnnvl.get_trtllm_mnnvl_comm_module = _sim_mnnvl_module
+
+    # -- TRT-LLM: simulated IPC allocation, same metadata formulas ---------
+    def _sim_trtllm_ipc(
+        tp_rank,
+        tp_size,
+        max_token_num,
+        hidden_dim,
+        use_fp32_lamport=False,
+        group=None,
+        create_metadata=False,
+        comm_backend=None,
+        use_symm_dev_mem=False,
+    ):
+        # trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion
+        buffer_size = tp_size * max_token_num * hidden_dim * 2
+        flag_size = tp_size * fi_trtllm.BarrierFlagCount * 4
+        lamport_comm_size = tp_size * max_token_num * hidden_dim * (4 if use_fp32_lamport else 2)
+        lamport_comm_size = min(lamport_comm_size, fi_trtllm.MAX_COMM_SIZE)
+        metadata = {
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "max_token_num": max_token_num,
+            "hidden_dim": hidden_dim,
+            "use_fp32_lamport": use_fp32_lamport,
+            "buffer_size": buffer_size,
+            "flag_size": flag_size,
+            "lamport_comm_size": lamport_comm_size,
+            "lamport_buffer_size": lamport_comm_size * 3,
+        }
+        allocations.append({"backend": "trtllm", **metadata})
+        return [], None, [], metadata
+
+    fi_allreduce.trtllm_create_ipc_workspace_for_all_reduce_fusion = _sim_trtllm_ipc
+
+    def _sim_trtllm_module():
+        def trtllm_allreduce_fusion(**kwargs):
+            launches.append({"backend": "trtllm", "use_oneshot": bool(kwargs["use_oneshot"])})
+
+        return types.SimpleNamespace(trtllm_allreduce_fusion=trtllm_allreduce_fusion)
+
+    fi_trtllm.get_trtllm_comm_module = _sim_trtllm_module
+
+    # -- vLLM side: rank 0 of a TP group, given device capability ----------
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as vfi
+    from vllm.compilation.passes.fusion import allreduce_rms_fusion as arf
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    class _SimCommBackend:
+        def __init__(self, group=None):
+            self.group = group
+
+        def barrier(self):
+            pass
+
+    group = types.SimpleNamespace(name="tp-cpu-group")
+    vfi.TorchDistBackend = _SimCommBackend
+    vfi.get_node_count = lambda: 1
+    arf.get_tp_group = lambda: types.SimpleNamespace(cpu_group=group)
+    arf.get_tensor_model_parallel_rank = lambda: 0
+
+    capability = {"value": DeviceCapability(9, 0)}
+    current_platform.get_device_capability = lambda device_id=0: capability["value"]
+    current_platform.is_cuda = lambda: True
+
+    _STATE.update(
+        torch=torch,
+        fi_mnnvl=fi_mnnvl,
+        fi_trtllm=fi_trtllm,
+        fi_allreduce=fi_allreduce,
+        vfi=vfi,
+        arf=arf,
+        launches=launches,
+        allocations=allocations,
+        capability=capability,
+        group=group,
+        DeviceCapability=DeviceCapability,
+    )
+    return _STATE
+
+
+# --------------------------------------------------------------------------
+# One case: configure, plan/create the workspace the tree's way, call the op
+# --------------------------------------------------------------------------
+def _dtype(name: str):
+    import torch
+
+    assert name in ("bfloat16", "float16", "float32"), name
+    return getattr(torch, name)
+
+
+def _configure(backend: str, capability: int) -> dict[str, Any]:
+    st = _install_simulation()
+    os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
+    st["vfi"].destroy_fi_ar_workspace()
+    st["capability"]["value"] = st["DeviceCapability"](capability // 10, capability % 10)
+    st["launches"].clear()
+    st["allocations"].clear()
+    return st
+
+
+class _Unfused(Exception):
+    """Raised by the stand-in for the unfused all-reduce (no TP group here)."""
+
+
+def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None):
+    """Plan the workspace the tree's way.
+
+    Returns ``(per-width max_token_num passed to the op, planned shape or None)``.
+    With the bug-A planning API (``set_fi_ar_workspace_shape``) the REAL planning
+    methods of ``VllmConfig`` run on a stand-in engine configuration holding the
+    fields they read (target and draft width, dtype, TP size, token limit and a
+    real ``PassConfig``).  Without it (pristine v0.27.1) each model's pass
+    computes its own ``max_token_num`` from its own width (the pass formula).
+    """
+    st = _STATE
+    vfi = st["vfi"]
+    from vllm.config import VllmConfig
+    from vllm.config.compilation import PassConfig
+
+    pass_config = PassConfig(fi_allreduce_fusion_max_size_mb=budget_mb)
+    if hasattr(vfi, "set_fi_ar_workspace_shape"):
+        target, draft = widths[0], (widths[1] if len(widths) > 1 else None)
+
+        def _model(h):
+            return types.SimpleNamespace(get_hidden_size=lambda: h, dtype=dtype)
+
+        parallel = types.SimpleNamespace(tensor_parallel_size=tp)
+        spec = None
+        if draft is not None:
+            spec = types.SimpleNamespace(
+                target_model_config=_model(target),
+                target_parallel_config=parallel,
+                draft_model_config=_model(draft),
+                draft_parallel_config=parallel,
+            )
+
+        class _EngineConfig:
+            get_tp_group_max_hidden_size = VllmConfig.get_tp_group_max_hidden_size
+            get_fi_allreduce_fusion_workspace_shape = (
+                VllmConfig.get_fi_allreduce_fusion_workspace_shape
+            )
+
+        cfg = _EngineConfig()
+        cfg.model_config = _model(target)
+        cfg.speculative_config = spec
+        cfg.parallel_config = parallel
+        cfg.compilation_config = types.SimpleNamespace(pass_config=pass_config)
+        cfg.scheduler_config = types.SimpleNamespace(max_num_batched_tokens=limit)
+        vfi._fi_ar_workspace_shape = None
+        shape = vfi.set_fi_ar_workspace_shape(cfg)
+        if shape is None:
+            return None, None
+        return {h: shape[0] for h in widths}, shape
+    max_size = pass_config.flashinfer_max_size(tp)
+    if max_size is None:
+        return None, None
+    elem = dtype.itemsize
+    return {h: min(max_size // (h * elem), limit) for h in widths}, None
+
+
+def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
+    """(required, allocated) bytes of the launched strategy, FlashInfer's way."""
+    fi_mnnvl = _STATE["fi_mnnvl"]
+    if workspace.backend == "mnnvl":
+        strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
+        required = fi_mnnvl.MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
+            tp, n, h, dtype, strategy.ONESHOT if use_oneshot else strategy.TWOSHOT
+        )
+        return required, workspace.buffer_size_bytes
+    md = workspace.metadata
+    lamport_elem = 4 if md["use_fp32_lamport"] else 2
+    if use_oneshot:
+        # one-shot writes every peer's tensor into the Lamport buffer
+        return n * h * tp * lamport_elem, md["lamport_comm_size"]
+    # FlashInfer's only size check for TRT-LLM (token_num * hidden_dim)
+    return n * h * lamport_elem, md["max_token_num"] * md["hidden_dim"] * lamport_elem
+
+
+def workspace_bytes_per_rank(workspace) -> int:
+    """GPU memory of one workspace on one rank, as requested from the allocator."""
+    if workspace.backend == "mnnvl":
+        return workspace.buffer_size_bytes * workspace.NUM_LAMPORT_BUFFERS
+    md = workspace.metadata
+    return md["buffer_size"] + md["flag_size"] + md["lamport_buffer_size"]
+
+
+def _tree_abstains_on_mnnvl() -> bool:
+    """True for trees whose selection returns None on MNNVL (vllm#47589)."""
+    import inspect
+
+    select = _STATE["arf"]._select_flashinfer_allreduce_use_oneshot
+    if len(inspect.signature(select).parameters) != 4:
+        return False
+    return select("mnnvl", 90, 8, 1) is None
+
+
+def _apply_vllm_table_on_mnnvl(enable: bool) -> bool:
+    """Make a tree that abstains on MNNVL apply its own one-shot table there, as
+    vLLM did before vllm#47589 (and as it does on TRT-LLM).  Returns whether
+    the tree needed it.  Trees that decide on MNNVL themselves are untouched.
+    """
+    arf = _STATE["arf"]
+    original = _STATE.setdefault("select_original", arf._select_flashinfer_allreduce_use_oneshot)
+    arf._select_flashinfer_allreduce_use_oneshot = original
+    if not enable or not _tree_abstains_on_mnnvl():
+        return False
+
+    def select_with_vllm_table(backend, *args):
+        use_oneshot = original(backend, *args)
+        return original("trtllm", *args) if use_oneshot is None else use_oneshot
+
+    arf._select_flashinfer_allreduce_use_oneshot = select_with_vllm_table
+    return True
+
+
+def run_case(
+    backend: str,
+    capability: int,
+    tp: int,
+    widths: list[int],
+    dtype: str,
+    limit: int,
+    budget_mb: float | None = None,
+    token_counts: list[int] | None = None,
+    vllm_table_on_mnnvl: bool = False,
+    max_failures: int = 3,
+) -> dict[str, Any]:
+    """Plan, create and use the workspace through the tree's real code.
+
+    For every model width and token count N the real compiled op
+    ``call_trtllm_fused_allreduce_norm`` is called; FlashInfer's real
+    ``allreduce_fusion`` resolves the strategy and runs its checks; the
+    recorded launch is compared with the allocation (FlashInfer's formulas).
+    """
+    st = _configure(backend, capability)
+    torch = st["torch"]
+    arf, vfi = st["arf"], st["vfi"]
+    tdtype = _dtype(dtype)
+    forced = _apply_vllm_table_on_mnnvl(vllm_table_on_mnnvl and backend == "mnnvl")
+    per_width_max, shape = _plan(tp, widths, tdtype, limit, budget_mb)
+    out: dict[str, Any] = {
+        "backend": backend,
+        "capability": capability,
+        "tp": tp,
+        "widths": widths,
+        "dtype": dtype,
+        "limit": limit,
+        "budget_mb": budget_mb,
+        "vllm_table_forced_on_mnnvl": forced,
+        "planned_shape": shape,
+    }
+    if per_width_max is None:
+        out["fusion"] = "unsupported"
+        return out
+
+    def _unfused(*a, **k):
+        raise _Unfused()
+
+    arf.tensor_model_parallel_all_reduce = _unfused
+    pattern = arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm
+    checked = failures = unfused = 0
+    examples: list[dict[str, Any]] = []
+    oneshot_ns: dict[int, list[int]] = {}
+    twoshot_ns: dict[int, list[int]] = {}
+    for h in widths:
+        max_tokens = per_width_max[h]
+        ns = token_counts or range(1, max_tokens + 1)
+        gamma = torch.ones(h, dtype=tdtype)
+        oneshot_ns[h], twoshot_ns[h] = [], []
+        for n in ns:
+            if n > max_tokens:
+                continue
+            x = torch.empty((n, h), dtype=tdtype)
+            st["launches"].clear()
+            checked += 1
+            try:
+                arf.call_trtllm_fused_allreduce_norm(
+                    allreduce_in=x,
+                    residual=torch.empty_like(x),
+                    rms_gamma=gamma,
+                    rms_eps=1e-6,
+                    world_size=tp,
+                    launch_with_pdl=True,
+                    fp32_acc=True,
+                    max_token_num=max_tokens,
+                    pattern_code=pattern,
+                    norm_out=torch.empty_like(x),
+                )
+            except _Unfused:
+                unfused += 1
+                continue
+            except (ValueError, AssertionError) as e:
+                failures += 1
+                if len(examples) < max_failures:
+                    examples.append(
+                        {"hidden": h, "num_tokens": n, "error": f"{type(e).__name__}: {e}"}
+                    )
+                continue
+            launch = st["launches"][-1]
+            workspace = vfi._fi_ar_workspace
+            required, allocated = _required_and_allocated(
+                workspace, tp, n, h, tdtype, launch["use_oneshot"]
+            )
+            (oneshot_ns if launch["use_oneshot"] else twoshot_ns)[h].append(n)
+            if required > allocated:
+                failures += 1
+                if len(examples) < max_failures:
+                    examples.append(
+                        {
+                            "hidden": h,
+                            "num_tokens": n,
+                            "use_oneshot": launch["use_oneshot"],
+                            "required": required,
+                            "allocated": allocated,
+                        }
+                    )
+    workspace = vfi._fi_ar_workspace
+    out.update(
+        max_token_num=per_width_max,
+        checked=checked,
+        failures=failures,
+        unfused=unfused,
+        failure_examples=examples,
+        workspace_backend=None if workspace is None else workspace.backend,
+        workspace_bytes_per_rank=(
+            None if workspace is None else workspace_bytes_per_rank(workspace)
+        ),
+        mnnvl_buffer_size_bytes=getattr(workspace, "buffer_size_bytes", None),
+        oneshot_tokens={h: _ranges(v) for h, v in oneshot_ns.items()},
+        twoshot_tokens={h: _ranges(v) for h, v in twoshot_ns.items()},
+    )
+    return out
+
+
+def _ranges(values: list[int]) -> list[list[int]]:
+    """[1, 2, 3, 7, 8] -> [[1, 3], [7, 8]]"""
+    out: list[list[int]] = []
+    for v in values:
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Scenario entry points (called by tests/harness.py run_scenario)
+# --------------------------------------------------------------------------
+SEED = {
+    "capability": 90,
+    "tp": 8,
+    "widths": [6144],
+    "dtype": "bfloat16",
+    "limit": 8192,
+    "budget_mb": 0.5,
+}
+
+
+def seed_replay() -> dict[str, Any]:
+    """Seed 001: SM90, TP8, hidden 6144 (GLM-5.2), bf16, 0.5 MiB budget."""
+    st = _install_simulation()
+    fi_mnnvl, torch = st["fi_mnnvl"], st["torch"]
+    workspace_cls = fi_mnnvl.MNNVLAllReduceFusionWorkspace
+    strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
+    tp, hidden, dtype = SEED["tp"], SEED["widths"][0], torch.bfloat16
+
+    # The arithmetic of the report, with FlashInfer's own functions.
+    _configure("mnnvl", SEED["capability"])
+    per_width_max, _ = _plan(tp, SEED["widths"], dtype, SEED["limit"], SEED["budget_mb"])
+    max_tokens = per_width_max[hidden]
+    oneshot_tokens = min(
+        fi_mnnvl.MNNVL_ONE_SHOT_THRESHOLD // (tp * dtype.itemsize * hidden), max_tokens
+    )
+    arithmetic = {
+        "max_token_num": max_tokens,
+        "flashinfer_oneshot_tokens": oneshot_tokens,
+        "oneshot_at_threshold": workspace_cls.get_required_buffer_size_bytes(
+            tp, oneshot_tokens, hidden, dtype, strategy.ONESHOT
+        ),
+        "twoshot_at_max": workspace_cls.get_required_buffer_size_bytes(
+            tp, max_tokens, hidden, dtype, strategy.TWOSHOT
+        ),
+        "oneshot_at_40": workspace_cls.get_required_buffer_size_bytes(
+            tp, 40, hidden, dtype, strategy.ONESHOT
+        ),
+        "MNNVL_ONE_SHOT_THRESHOLD": fi_mnnvl.MNNVL_ONE_SHOT_THRESHOLD,
+    }
+    arithmetic["buffer"] = max(arithmetic["oneshot_at_threshold"], arithmetic["twoshot_at_max"])
+    # vLLM v0.27.1's per-rank rule, N * H * elem <= 0.5 MiB (N <= 42), against
+    # FlashInfer's MNNVL rule, N * H * TP * elem <= 1 MiB (N <= 10).
+    arithmetic["flashinfer_auto_oneshot_tokens"] = [
+        n
+        for n in range(1, max_tokens + 1)
+        if strategy.select_strategy(tp, n, hidden, dtype) == strategy.ONESHOT
+    ][-1]
+
+    ns = list(range(1, max_tokens + 1))
+    runs = {
+        # the tree's one-shot policy applied on MNNVL (forced on trees that
+        # abstain there, as vLLM did before vllm#47589)
+        "mnnvl_vllm_policy": run_case(
+            "mnnvl", token_counts=ns, vllm_table_on_mnnvl=True, max_failures=64, **SEED
+        ),
+        # what the tree passes to FlashInfer as shipped
+        "mnnvl_as_shipped": run_case("mnnvl", token_counts=ns, **SEED),
+        "trtllm_as_shipped": run_case("trtllm", token_counts=ns, **SEED),
+    }
+    failing = runs["mnnvl_vllm_policy"]["failure_examples"]
+    return {
+        "arithmetic": arithmetic,
+        "runs": runs,
+        "policy_failing_tokens": [f["num_tokens"] for f in failing],
+        "policy_error_at_40": next(
+            (f.get("error") for f in failing if f["num_tokens"] == 40), None
+        ),
+    }
+
+
+def property_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run many generated cases in this one interpreter.
+
+    For each case two questions, over every N up to the token limit (sampled
+    above 512 tokens):
+    * ``policy``: does the strategy chosen by the tree's one-shot policy fit
+      the allocated workspace?  On trees that abstain on MNNVL (v0.27.1 after
+      vllm#47589) the policy is the tree's own table, applied as on TRT-LLM.
+    * ``as_shipped``: does what the tree passes to FlashInfer fit?
+    """
+    results = []
+    for case in cases:
+        res: dict[str, Any] = {"case": case}
+        for mode in ("policy", "as_shipped"):
+            r = run_case(
+                token_counts=_sample_tokens(case),
+                max_failures=1,
+                vllm_table_on_mnnvl=(mode == "policy"),
+                **case,
+            )
+            res[mode] = {
+                k: r.get(k)
+                for k in (
+                    "failures",
+                    "checked",
+                    "unfused",
+                    "failure_examples",
+                    "vllm_table_forced_on_mnnvl",
+                    "fusion",
+                )
+            }
+        results.append(res)
+    return {
+        "n_cases": len(results),
+        "policy_failing_cases": sum(bool(r["policy"]["failures"]) for r in results),
+        "as_shipped_failing_cases": sum(bool(r["as_shipped"]["failures"]) for r in results),
+        "checked": sum(r["policy"]["checked"] or 0 for r in results),
+        "unfused": sum(r["policy"]["unfused"] or 0 for r in results),
+        "as_shipped_unfused": sum(r["as_shipped"]["unfused"] or 0 for r in results),
+        "failing_examples": [r for r in results if r["policy"]["failures"]][:5],
+    }
+
+
+def _sample_tokens(case: dict[str, Any]) -> list[int]:
+    limit = case["limit"]
+    ns = set(range(1, min(limit, 512) + 1))
+    ns.update(range(512, limit + 1, max(1, limit // 256)))
+    ns.add(limit)
+    return sorted(ns)  # run_case drops the N above each width's token limit
+
+
+def bench_table(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per config and backend: workspace bytes per rank, the strategy of every
+    token count as shipped, and whether the tree's one-shot policy fits."""
+    st = _install_simulation()
+    fi_mnnvl, arf = st["fi_mnnvl"], st["arf"]
+    workspace_cls = fi_mnnvl.MNNVLAllReduceFusionWorkspace
+    strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
+    keys = (
+        "backend",
+        "capability",
+        "tp",
+        "widths",
+        "dtype",
+        "limit",
+        "budget_mb",
+        "fusion",
+        "max_token_num",
+        "workspace_bytes_per_rank",
+        "mnnvl_buffer_size_bytes",
+        "oneshot_tokens",
+        "twoshot_tokens",
+        "failures",
+        "unfused",
+    )
+    rows = []
+    for cfg in configs:
+        for backend in ("mnnvl", "trtllm"):
+            row = {k: v for k, v in run_case(backend, **cfg).items() if k in keys}
+            policy = run_case(backend, vllm_table_on_mnnvl=True, max_failures=1 << 30, **cfg)
+            row["policy_failures"] = policy.get("failures")
+            row["policy_failure_tokens"] = _ranges(
+                [f["num_tokens"] for f in policy.get("failure_examples", [])]
+            )
+            if backend == "mnnvl" and row.get("max_token_num"):
+                # Rejected alternative: an MNNVL buffer sized for the one-shot
+                # range of vLLM's TRT-LLM table (FlashInfer's sizing formula).
+                tdtype = _dtype(cfg["dtype"])
+                h, m, tp = max(cfg["widths"]), max(row["max_token_num"].values()), cfg["tp"]
+                table_bytes = _vllm_trtllm_table_oneshot_bytes(arf, cfg["capability"], tp)
+                if table_bytes is not None:
+                    n1 = min(int(table_bytes) // (tp * h * tdtype.itemsize), m)
+                    buf = max(
+                        workspace_cls.get_required_buffer_size_bytes(
+                            tp, n1, h, tdtype, strategy.ONESHOT
+                        ),
+                        workspace_cls.get_required_buffer_size_bytes(
+                            tp, m, h, tdtype, strategy.TWOSHOT
+                        ),
+                    )
+                    row["alt_vllm_table_oneshot_tokens"] = n1
+                    row["alt_vllm_table_bytes_per_rank"] = buf * workspace_cls.NUM_LAMPORT_BUFFERS
+            rows.append(row)
+    return rows
+
+
+def _vllm_trtllm_table_oneshot_bytes(arf, capability: int, tp: int):
+    """vLLM's tuned (TRT-LLM) one-shot limit of the tree, in one-shot bytes."""
+    if hasattr(arf, "_FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB"):
+        mb = arf._FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB.get(capability, {}).get(tp)
+        return None if mb is None else mb * MiB
+    mb = arf._FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB.get(capability, {}).get(tp)
+    return None if mb is None else mb * MiB * tp

@@ -1,0 +1,204 @@
+"""Bug A (seed 000, issue 3): FlashInfer all-reduce fusion workspace sized
+from the first caller instead of the engine configuration.
+
+Every scenario runs the REAL vLLM code of the tree under test (configs, the
+worker's distributed init, AllReduceFusionPass, the fused custom op, the
+workspace getters, FlashInferAllReduce) and FlashInfer's real Python
+validation, in a subprocess.  SIMULATED (see tests/scenarios/bug_a.py): the
+CUDA device (platform reports CUDA + SM capability), torch.distributed (a fake
+TP group whose all-reduce is input * TP), GPU allocation (FlashInfer's real
+workspace classes built with cls.__new__, sized with FlashInfer's own
+formulas), the kernels (CPU reference kernels behind FlashInfer's launch
+code) and the torch.ops._C ops vLLM looks up at import (vllm_cpu_stubs).
+
+Before the patch = series up to patch 0001; after = series including 0002.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from harness import run_scenario, tree_after, tree_before
+
+PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+SEED_MESSAGE = (
+    "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
+    "(8192) * hidden_dim (2048)"
+)
+TREES = {"before": tree_before, "after": tree_after}
+
+
+JOBS = {
+    "cold_start": ("bug_a:cold_start", {}),
+    "suite": ("bug_a:suite", {}),
+    "property": ("bug_a:property_fits", {"max_examples": 60}),
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Every scenario job on both trees, one subprocess each, run concurrently
+    (they are independent) to keep the wall time down."""
+    trees = {k: f(PATCH) for k, f in TREES.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            (job, when): pool.submit(run_scenario, tree, spec, **kwargs)
+            for job, (spec, kwargs) in JOBS.items()
+            for when, tree in trees.items()
+        }
+        return {key: fut.result() for key, fut in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def suite(results):
+    """All named cases of bug_a.suite(), per tree."""
+    return {when: results[("suite", when)] for when in TREES}
+
+
+def _fused_everywhere_ok(res: dict, models=("target", "draft")) -> None:
+    assert "error" not in res, res
+    for model in models:
+        sent = res["forward"][model]
+        assert any(v["fused"] for v in sent.values()), (model, sent)
+        for n, v in sent.items():
+            if v["fused"]:
+                assert v["max_abs_err"] == 0.0, (model, n, v)
+    # FlashInfer got every fused call: no fallback was needed
+    assert res["kernel_calls"], res
+
+
+# -- red before, green after ---------------------------------------------------
+def test_cold_start_seed_message_before(results):
+    res = results[("cold_start", "before")]
+    assert res.get("error") == "ValueError", res
+    assert SEED_MESSAGE in res["message"], res["message"]
+
+
+def test_cold_start_after(results):
+    res = results[("cold_start", "after")]
+    _fused_everywhere_ok(res)
+    ws = res["workspaces"]["_fi_ar_workspace"]
+    assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
+    # 80 MiB buffer + 240 MiB Lamport + flags (BRIEF: 64->80, 192->240 MiB)
+    assert ws["bytes"] == 80 * 2**20 + 240 * 2**20 + 2 * 256 * 4
+    # one workspace for the whole engine, created once
+    assert len(res["created"]) == 1
+    # fusion applies to the drafter at the profile-run size (8192 tokens)
+    assert res["forward"]["draft"]["8192"]["fused"]
+    assert res["fusion_covers_budget"] == {"target": True, "draft": True}
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["warm_seed", "cold_quant_fp8", "warm_quant_first", "warm_mnnvl_sm100",
+     "standalone_tp4", "fallback_oversize", "fallback_oversize_gemma"],
+)  # fmt: skip
+def test_red_before(suite, case):
+    res = suite["before"][case]
+    assert res.get("error") == "ValueError", res
+    assert (
+        "exceeds workspace max_token_num" in res["message"]
+        or "buffer size in the given workspace is insufficient" in res["message"]
+    ), res["message"]
+
+
+def test_warm_start_seed_message_before(suite):
+    # the warm start (AOT cache, lazy creation) dies with the seed's message too
+    assert SEED_MESSAGE in suite["before"]["warm_seed"]["message"]
+
+
+@pytest.mark.parametrize(
+    "case", ["warm_seed", "cold_quant_fp8", "warm_quant_first", "warm_mnnvl_sm100"]
+)
+def test_green_after(suite, case):
+    res = suite["after"][case]
+    _fused_everywhere_ok(res)
+    if "quant" in case:
+        for v in res["forward"]["target"].values():
+            assert v.get("quant_max_abs_err", 0.0) == 0.0, v
+
+
+def test_standalone_after(suite):
+    res = suite["after"]["standalone_tp4"]
+    assert "error" not in res, res
+    ws = res["workspaces"]["_fi_ar_workspace"]
+    # planned from the engine config: SM90 TP4 budget 2 MiB / (2560 * 2 B)
+    assert (ws["max_token_num"], ws["hidden_dim"]) == (409, 2560)
+    # FlashInferAllReduce takes each width up to what the workspace holds
+    assert max(res["accepted"]["draft"]) == 409
+    assert max(res["accepted"]["target"]) == 409 * 2560 // 2048
+    assert len(res["kernel_calls"]) == sum(len(v) for v in res["accepted"].values())
+
+
+@pytest.mark.parametrize("case", ["fallback_oversize", "fallback_oversize_gemma"])
+def test_runtime_fallback_after(suite, case):
+    """A shape beyond the workspace still arriving at the op runs the unfused
+    all-reduce + RMSNorm (same results), never FlashInfer."""
+    res = suite["after"][case]
+    assert "error" not in res, res
+    assert res["kernel_calls"] == []
+    assert res["unfused_all_reduce_calls"] == 1
+    assert res["max_abs_err"] <= 0.07  # bf16 rounding of vLLM's own norm op
+
+
+# -- correct in both trees ------------------------------------------------------
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize(
+    ("case", "models", "shape"),
+    [
+        ("cold_narrow_draft", ("target", "draft"), (8192, 4096)),
+        ("warm_narrow_draft", ("target", "draft"), (8192, 4096)),
+        ("cold_equal", ("target", "draft"), (8192, 2048)),
+        ("warm_equal", ("target", "draft"), (8192, 2048)),
+        ("cold_no_spec", ("target",), (8192, 2048)),
+        ("warm_no_spec", ("target",), (8192, 2048)),
+    ],
+)
+def test_unaffected_configs(suite, when, case, models, shape):
+    res = suite[when][case]
+    _fused_everywhere_ok(res, models)
+    ws = res["workspaces"]["_fi_ar_workspace"]
+    assert (ws["max_token_num"], ws["hidden_dim"]) == shape
+
+
+@pytest.mark.parametrize("case", ["cold_narrow_draft", "cold_equal", "cold_no_spec"])
+def test_no_extra_memory_when_draft_not_wider(suite, case):
+    b = suite["before"][case]["workspaces"]["_fi_ar_workspace"]
+    a = suite["after"][case]["workspaces"]["_fi_ar_workspace"]
+    assert a["bytes"] == b["bytes"]
+
+
+def test_compile_ranges_follow_planned_width(suite):
+    """SM90 TP4 (2 MiB budget): the fusion endpoint and the pass agree for
+    both models (fusion is not silently lost) and match the workspace."""
+    res = suite["after"]["cold_tp4_budget"]
+    assert "error" not in res, res
+    for model in ("target", "draft"):
+        plan = res["plans"][model]
+        assert plan["ranges"][0] == [1, 409], plan
+        assert plan["fused_ranges"] == [[1, 409]], plan
+    assert res["fusion_covers_budget"] == {"target": True, "draft": True}
+    before = suite["before"]["cold_tp4_budget"]
+    assert "error" not in before, before
+
+
+# -- property over the configuration space --------------------------------------
+def test_property_every_fused_shape_fits(results):
+    """Hypothesis (derandomized: both trees see the same cases) over hidden
+    sizes, draft width (none / same / any), TP 2/4/8, SM90/100/103, token
+    limits and backends trtllm/mnnvl; cold and warm creation order."""
+    res = {when: results[("property", when)] for when in TREES}
+    for k, r in res.items():
+        assert "error" not in r, r
+        print(
+            f"[bug A property] {k}: {r['failing']}/{r['cases']} cases send a "
+            f"shape the workspace cannot hold (wider draft: "
+            f"{r['failing_wider_draft']}, by backend: {r['by_backend']}); "
+            f"fusion lost for a model in {r['fusion_lost']} cases"
+        )
+    assert res["before"]["cases"] == res["after"]["cases"] == 60
+    assert res["before"]["failing"] > 0, res["before"]
+    assert res["after"]["failing"] == 0, res["after"]["failing_examples"]
+    assert res["after"]["fusion_lost"] == 0

@@ -1,0 +1,108 @@
+"""The vLLM tests each patch carries (in vLLM's own tests/ layout) are red/green.
+
+For every patch that adds or changes test functions under the vLLM tree's
+tests/, the test files are run with pytest (vLLM's own conftest included):
+with the patch, each of those test functions must pass and none may be
+skipped; in the tree before the patch, with the patched test files copied in,
+they must fail.  Tests a patch does not touch may skip (upstream's 2-GPU
+tests do on a CPU host).
+
+They run on CPU: tests/support/vllm_cpu_stubs.py stands in for the compiled
+`torch.ops._C` ops that vLLM modules look up at import and reports zero
+accelerators (see its docstring); everything else is vLLM's own code and the
+FlashInfer release the tree pins.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import PATCHES, read_series
+from harness import scenario_env, tree_after, tree_before
+
+_DEF = re.compile(r"(?:async )?def (\w+)")
+
+
+def _changed_tests(name: str) -> dict[str, set[str]]:
+    """{vLLM test file: test functions whose lines the patch adds or changes}."""
+    changed: dict[str, set[str]] = {}
+    current = func = None
+    for line in (PATCHES / name).read_text().splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].split("/", 1)[1]
+            current = path if re.match(r"tests/(.*/)?test_[^/]+\.py$", path) else None
+        elif current is None or line.startswith("--- "):
+            continue
+        elif line.startswith("@@"):
+            # diff -p names the function a hunk starts in.
+            m = re.search(r"@@ " + _DEF.pattern, line)
+            func = m.group(1) if m else None
+        elif line[:1] in ("+", "-", " "):
+            if m := _DEF.match(line[1:]):
+                func = m.group(1)
+            if line[0] != " " and func and func.startswith("test_"):
+                changed.setdefault(current, set()).add(func)
+    return changed
+
+
+CASES = [(n, _changed_tests(n)) for n in read_series() if _changed_tests(n)]
+
+
+def _pytest(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "vllm_cpu_stubs", "-p", "no:cacheprovider",
+         "-rA", "-q", *files],
+        cwd=tree, env=scenario_env(tree), text=True, capture_output=True, timeout=900,
+    )  # fmt: skip
+
+
+def _outcomes(out: str) -> dict[str, set[str]]:
+    """{test function name: outcomes} from pytest's -rA summary."""
+    res: dict[str, set[str]] = {}
+    for m in re.finditer(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)", out, re.M):
+        func = re.sub(r"\[.*$", "", m.group(2).split("::")[-1])
+        res.setdefault(func, set()).add(m.group(1))
+    return res
+
+
+def test_patches_carry_vllm_tests():
+    assert {n for n, _ in CASES} >= set(read_series()[1:]), (
+        "every code patch (all but the dependency pin) carries tests in vLLM's layout"
+    )
+
+
+@pytest.mark.parametrize("name,changed", CASES, ids=[c[0] for c in CASES])
+def test_patch_tests_pass_with_the_patch(name: str, changed: dict[str, set[str]]):
+    proc = _pytest(tree_after(name), sorted(changed))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    outcomes = _outcomes(proc.stdout)
+    for func in sorted(set().union(*changed.values())):
+        assert outcomes.get(func, set()) == {"PASSED"}, f"{func}: {outcomes.get(func)}\n{out}"
+
+
+@pytest.mark.parametrize("name,changed", CASES, ids=[c[0] for c in CASES])
+def test_patch_tests_fail_without_the_patch(
+    name: str, changed: dict[str, set[str]], tmp_path: Path
+):
+    # A private copy of the tree before the patch, with the patch's tests in it.
+    before = tmp_path / "tree"
+    shutil.copytree(tree_before(name), before, symlinks=True)
+    after = tree_after(name)
+    for f in changed:
+        (before / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(after / f, before / f)
+    proc = _pytest(before, sorted(changed))
+    assert proc.returncode in (1, 2), proc.stdout[-6000:] + proc.stderr[-2000:]
+    outcomes = _outcomes(proc.stdout)
+    funcs = set().union(*changed.values())
+    red = {f for f in funcs if outcomes.get(f, set()) & {"FAILED", "ERROR"}}
+    collection_error = re.search(r"^ERROR \S+\.py( |$)", proc.stdout, re.M)
+    assert red or collection_error, f"{name}: its tests pass without it\n{proc.stdout[-6000:]}"
+    print(f"{name}: {len(red)}/{len(funcs)} changed tests red before the patch")
