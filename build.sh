@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the patched vLLM wheel into dist/:
 #   fetch -> verify -> patch -> build -> verify -> package   (scripts/pipeline.py)
-# Options: --arch x86_64|aarch64, --dist DIR (see scripts/pipeline.py --help).
+# Options: --arch x86_64|aarch64, --dist DIR (see scripts/pipeline.py --help);
+# --image: then the container image from that wheel (Dockerfile, scripts/image.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 # shellcheck source=ci/venv.sh

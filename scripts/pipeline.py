@@ -3,6 +3,7 @@
     ./build.sh                      # wheel for this machine's arch into dist/
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
     ./build.sh --dist DIR           # somewhere else than dist/
+    ./build.sh --image [...]        # then the container image (scripts/image.py)
 
 Work happens under build/ (a fresh patched tree per run, logs) and a staging
 folder next to dist/; dist/ only ever receives a verified wheel.
@@ -72,14 +73,22 @@ def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
 
 
 def main() -> None:
+    from image import add_image_args, image_from_args  # the optional image stage
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
     ap.add_argument("--dist", type=Path, default=ROOT / "dist")
     ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "work")
+    ap.add_argument(
+        "--image", action="store_true", help="then build the container image (Dockerfile)"
+    )
+    add_image_args(ap)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     final = run_pipeline(args.arch, args.dist, args.workdir)
     print(final)
+    if args.image:
+        image_from_args(args, args.dist)
 
 
 if __name__ == "__main__":
