@@ -23,10 +23,10 @@ interpreter per tree (see that module for what is simulated: GPU memory,
 kernel launches, the TP group).
 
 Usage:
-    python scripts/bench_oneshot.py --tree-before DIR --tree-after DIR \\
+    python scripts/bench_oneshot.py [--tree-before DIR --tree-after DIR] \\
         [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
-Trees: e.g. tests/harness.py tree_before/tree_after of the bug-B patch, or
-`python scripts/patch.py DEST --upto <patch>`.
+Trees default to the series without / with the bug-B patch (tests/harness.py);
+any other tree works too, e.g. `python scripts/patch.py DEST --upto <patch>`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from harness import run_scenario  # noqa: E402
+from harness import run_scenario, tree_after, tree_before  # noqa: E402
+
+PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
 
 
 def configs(hidden: int, dtype: str, limit: int) -> list[dict]:
@@ -73,8 +75,8 @@ def strategy_text(row: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree-before", type=Path, required=True)
-    ap.add_argument("--tree-after", type=Path, required=True)
+    ap.add_argument("--tree-before", type=Path, help="vLLM tree without the patch")
+    ap.add_argument("--tree-after", type=Path, help="vLLM tree with the patch")
     ap.add_argument("--hidden", type=int, default=6144)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -84,7 +86,11 @@ def main() -> None:
     cfgs = configs(args.hidden, args.dtype, args.max_num_batched_tokens)
     scen = [{k: v for k, v in c.items() if k != "name"} for c in cfgs]
     result = {}
-    for label, tree in (("before", args.tree_before), ("after", args.tree_after)):
+    trees = {
+        "before": args.tree_before or tree_before(PATCH),
+        "after": args.tree_after or tree_after(PATCH),
+    }
+    for label, tree in trees.items():
         rows = run_scenario(tree, "bug_b:bench_table", configs=scen)
         if isinstance(rows, dict) and "error" in rows:
             sys.exit(

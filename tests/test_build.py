@@ -8,33 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import run_build_sh
 
-from common import ROOT, read_series, read_version, wheel_pin
+from common import read_series, read_version, wheel_pin
 from fetch import fetch_wheel
 from harness import tree_after
 from verify import touched_files, verify_wheel
 
 
-def _build(dist: Path, work: Path) -> Path:
-    proc = subprocess.run(
-        [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(work)],
-        text=True, capture_output=True, timeout=1200,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    wheels = list(dist.glob("*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
-
-
 @pytest.fixture(scope="session")
-def built(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("build1")
-    return _build(base / "dist", base / "work")
+def built(built_wheel: Path) -> Path:
+    return built_wheel
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +102,6 @@ def test_verify_rejects_changed_binary_and_unexpected_file(
 
 
 def test_two_builds_are_byte_identical(built: Path, tmp_path: Path):
-    again = _build(tmp_path / "dist", tmp_path / "work")
+    again = run_build_sh(tmp_path / "dist", tmp_path / "work")
     assert again.name == built.name
     assert _sha(again) == _sha(built)

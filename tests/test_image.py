@@ -75,34 +75,10 @@ def buildah() -> str:
     return exe
 
 
-def _pipeline_key() -> str:
-    h = hashlib.sha256()
-    files = [
-        ROOT / "VERSION",
-        *sorted((ROOT / "patches").iterdir()),
-        *sorted((ROOT / "pins").glob("*")),
-    ]
-    files += [ROOT / "scripts" / f"{m}.py" for m in
-              ("common", "fetch", "patch", "build", "verify", "package", "pipeline")]  # fmt: skip
-    for f in files:
-        if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
-def dist() -> Path:
-    """dist/ of a real build of this checkout (cached by the pipeline's inputs)."""
-    from pipeline import run_pipeline
-
-    dest = cache_dir() / "images" / f"dist-{_pipeline_key()}"
-    if not (dest / "SHA256SUMS").exists():
-        for old in dest.parent.glob("dist-*"):  # other inputs: ~300 MB each
-            shutil.rmtree(old, ignore_errors=True)
-        work = cache_dir() / "images" / f"work-{_pipeline_key()}"
-        run_pipeline(host_arch(), dest, work)
-        shutil.rmtree(work, ignore_errors=True)
-    return dest
+def dist(built_wheel: Path) -> Path:
+    """dist/ of the session's real ./build.sh run (tests/conftest.py)."""
+    return built_wheel.parent
 
 
 @pytest.fixture(scope="module")
