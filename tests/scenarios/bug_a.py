@@ -375,6 +375,8 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
 
     fiar.TorchDistBackend = lambda group=None: None
+    if hasattr(fiar, "_node_count"):  # v0.33.0+: a single node is simulated
+        fiar._node_count = lambda group: 1
     fiar.dist = types.SimpleNamespace(
         get_world_size=lambda group=None: ps._TP.world_size,
         get_rank=lambda group=None: 0,

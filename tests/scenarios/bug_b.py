@@ -172,6 +172,8 @@ def _install_simulation() -> dict[str, Any]:
     group = types.SimpleNamespace(name="tp-cpu-group")
     vfi.TorchDistBackend = _SimCommBackend
     vfi.get_node_count = lambda: 1
+    if hasattr(vfi, "_node_count"):  # v0.33.0+: a single node is simulated
+        vfi._node_count = lambda group: 1
     arf.get_tp_group = lambda: types.SimpleNamespace(cpu_group=group)
     arf.get_tensor_model_parallel_rank = lambda: 0
 
