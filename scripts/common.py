@@ -7,6 +7,8 @@ and exit 2 without a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import platform
@@ -38,6 +40,16 @@ def cache_dir() -> Path:
     env = os.environ.get("VLLM_DIST_CACHE")
     base = Path(env) if env else Path.home() / ".cache" / "vllm-dist"
     return base
+
+
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Serialise the creation of one cache entry across threads and processes."""
+    path = cache_dir() / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def host_arch() -> str:

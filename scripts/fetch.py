@@ -25,6 +25,7 @@ from common import (
     Artifact,
     Fail,
     cache_dir,
+    cache_lock,
     host_arch,
     load_pins,
     main_wrapper,
@@ -83,6 +84,11 @@ def _explain_pip_failure(art: Artifact, output: str) -> str:
 
 def fetch(art: Artifact, pinfile: Path | None = None) -> Path:
     """Return the verified cached file of `art`, downloading it if needed."""
+    with cache_lock(f"fetch-{art.sha256}"):
+        return _fetch(art, pinfile)
+
+
+def _fetch(art: Artifact, pinfile: Path | None) -> Path:
     dest = cached_path(art)
     if dest.exists():
         try:

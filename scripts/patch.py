@@ -8,6 +8,7 @@ or absent, never half-patched.
     python scripts/patch.py DEST              # pristine + whole series
     python scripts/patch.py DEST --upto NAME  # ... up to and including NAME
     python scripts/patch.py DEST --upto ''    # pristine only
+    python scripts/patch.py DEST --tag v0.33.0 --series upstream/v0.33.0/series
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from pathlib import Path
 
 from common import (
     PATCHES,
+    ROOT,
     SERIES,
     TAG,
     Fail,
     cache_dir,
+    cache_lock,
     main_wrapper,
     read_series,
     run,
@@ -73,7 +76,15 @@ def quilt_env(patches: Path, series: Path) -> dict[str, str]:
     return env
 
 
-def apply_series(tree: Path, names: list[str], patches: Path, series: Path) -> None:
+def _shown(path: Path) -> str:
+    """`path` as messages name it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def apply_series(tree: Path, names: list[str], patches: Path, series: Path, tag: str = TAG) -> None:
     """Apply `names` (a prefix of `series`) to `tree` with quilt, exactly."""
     require_tool("quilt", "quilt")
     env = quilt_env(patches, series)
@@ -83,11 +94,11 @@ def apply_series(tree: Path, names: list[str], patches: Path, series: Path) -> N
         proc = run(["quilt", "push", "--fuzz=0", name], cwd=tree, env=env)
         out = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            raise Fail(_explain(name, out, patches))
+            raise Fail(_explain(name, out, patches, tag))
         if m := _OFFSET.search(out):
             file = _file_of(out, m.start())
             raise Fail(
-                f"patches/{name}: applies only with an offset/fuzz in {file} "
+                f"{_shown(patches / name)}: applies only with an offset/fuzz in {file} "
                 f"({m.group(0).strip()}); refresh it: scripts/series.py refresh"
             )
 
@@ -97,14 +108,14 @@ def _file_of(out: str, pos: int) -> str:
     return files[-1] if files else "?"
 
 
-def _explain(name: str, out: str, patches: Path) -> str:
+def _explain(name: str, out: str, patches: Path, tag: str = TAG) -> str:
     failed = re.findall(r"^(?:Hunk #\d+ FAILED.*|\S.*FAILED.*)$", out, re.M)
     files = re.findall(r"^patching file (\S+)", out, re.M)
     missing = re.findall(r"can't find file to patch.*|No file to patch.*", out)
     where = files[-1] if files else "?"
     detail = "; ".join(failed[:3] + missing[:1]) or out.strip().splitlines()[-1:]
     return (
-        f"patches/{name} does not apply to {TAG} (file {where}): {detail}. "
+        f"{_shown(patches / name)} does not apply to {tag} (file {where}): {detail}. "
         "Nothing was left half-patched. Rebase it: scripts/series.py push, fix, "
         "refresh"
     )
@@ -116,8 +127,9 @@ def prepare_tree(
     series: Path = SERIES,
     patches: Path = PATCHES,
     keep_quilt_state: bool = False,
+    tag: str = TAG,
 ) -> Path:
-    """Create `dest` = pristine sdist + series (up to and including `upto`).
+    """Create `dest` = pristine sdist of `tag` + series (up to and including `upto`).
 
     `upto=None` applies the whole series, `upto=""` none of it.
     """
@@ -131,7 +143,7 @@ def prepare_tree(
             raise Fail(f"{series}: no patch named {upto!r}")
         else:
             names = names[: names.index(upto) + 1]
-    sdist = fetch_sdist()
+    sdist = fetch_sdist(tag)
     dest = dest.resolve()
     if dest.exists():
         raise Fail(f"{dest} exists; remove it or choose another folder")
@@ -139,7 +151,7 @@ def prepare_tree(
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         top = unpack_sdist(sdist, tmp)
-        apply_series(top, names, patches, series)
+        apply_series(top, names, patches, series, tag)
         if not keep_quilt_state:
             shutil.rmtree(top / ".pc", ignore_errors=True)
         os.replace(top, dest)
@@ -148,24 +160,30 @@ def prepare_tree(
     return dest
 
 
-def series_key(names: list[str], patches: Path = PATCHES) -> str:
-    """A content key for pristine+`names`: changes when any of them changes."""
-    h = hashlib.sha256(sdist_pin().sha256.encode())
+def series_key(names: list[str], patches: Path = PATCHES, tag: str = TAG) -> str:
+    """A content key for pristine `tag`+`names`: changes when any of them changes."""
+    h = hashlib.sha256(sdist_pin(tag).sha256.encode())
     for name in names:
         h.update(name.encode() + b"\0" + (patches / name).read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
-def cached_tree(upto: str | None = None) -> Path:
-    """pristine+series up to `upto`, cached by content under <cache>/trees."""
-    names = read_series()
+def cached_tree(
+    upto: str | None = None,
+    tag: str = TAG,
+    series: Path = SERIES,
+    patches: Path = PATCHES,
+) -> Path:
+    """pristine `tag`+`series` up to `upto`, cached by content under <cache>/trees."""
+    names = read_series(series)
     if upto == "":
         names = []
     elif upto is not None:
         names = names[: names.index(upto) + 1]
-    dest = cache_dir() / "trees" / series_key(names)
-    if not dest.exists():
-        prepare_tree(dest, upto=names[-1] if names else "")
+    dest = cache_dir() / "trees" / series_key(names, patches, tag)
+    with cache_lock(f"tree-{dest.name}"):
+        if not dest.exists():
+            prepare_tree(dest, names[-1] if names else "", series, patches, tag=tag)
     return dest
 
 
@@ -174,8 +192,15 @@ def main() -> None:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--upto", default=None, help="last patch to apply ('' = none)")
     ap.add_argument("--keep-quilt-state", action="store_true", help="keep .pc/")
+    ap.add_argument("--tag", default=TAG, help=f"upstream tag, pins/TAG.toml (default {TAG})")
+    ap.add_argument(
+        "--series", type=Path, default=SERIES,
+        help="series file; its patches are in its folder (default patches/series)",
+    )  # fmt: skip
     args = ap.parse_args()
-    print(prepare_tree(args.dest, args.upto, keep_quilt_state=args.keep_quilt_state))
+    series = args.series.resolve()
+    print(prepare_tree(args.dest, args.upto, series, series.parent,
+                       args.keep_quilt_state, tag=args.tag))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from common import cache_dir, read_series  # noqa: E402
+from common import cache_dir, cache_lock, read_series  # noqa: E402
 from fetch import fetch_test_dep  # noqa: E402
 from patch import cached_tree  # noqa: E402
 
@@ -55,13 +55,14 @@ def pinned_flashinfer(tree: Path) -> str:
 def flashinfer_site(version: str) -> Path:
     """flashinfer-python==version unpacked from its pinned, verified wheel."""
     dest = cache_dir() / "site" / f"flashinfer-python-{version}"
-    if not dest.exists():
-        wheel = fetch_test_dep("flashinfer-python", version)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".fi.", dir=dest.parent))
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(tmp)
-        os.replace(tmp, dest)
+    with cache_lock(dest.name):
+        if not dest.exists():
+            wheel = fetch_test_dep("flashinfer-python", version)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".fi.", dir=dest.parent))
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(tmp)
+            os.replace(tmp, dest)
     return dest
 
 
