@@ -1,0 +1,566 @@
+"""Export the forward-ported series as mails and pull-request descriptions.
+
+    python scripts/export.py                  # upstream/v0.33.0 -> build/export/v0.33.0/
+    python scripts/export.py v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
+    python scripts/export.py --no-tests       # skip the validation runs (placeholders)
+
+For upstream/TAG/series (the reviewed forward port, see scripts/rebase.py) it
+checks that the series applies exactly to pristine TAG, then builds a git
+repository from the pristine TAG sdist (one commit), commits each patch with
+its header as the commit message (author and date from its From:/Date:;
+distribution-only trailers such as Forwarded: are dropped) and runs `git
+format-patch --numbered`.  OUT gets:
+
+  NNNN-<subject>.patch  the mails, [PATCH n/m], with Signed-off-by (vLLM's DCO)
+  NNNN-<subject>.md     the pull-request description, vLLM's template
+                        (.github/PULL_REQUEST_TEMPLATE.md of TAG: Overview,
+                        Claims, Validation, Details, checklist), with the
+                        root cause, the test plan, the results measured here
+                        and `Fixes #...`
+  validation.json       those results, machine-readable
+
+Validation (unless --no-tests), per patch, on TAG + the ports before it:
+the vLLM tests the patch adds or changes (pytest, on CPU with the compiled
+torch.ops._C ops stood in by tests/support/vllm_cpu_stubs.py), with the patch
+(must pass) and without it (the same test files copied in: must fail), and
+the patch's scenario checks (scripts/rebase.py CHECKS) red without / green
+with it.  A failed expectation stops the export.
+
+The DCO needs the submitter's real name: --author replaces the From: and
+Signed-off-by: of the headers (which name the distribution maintainers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rebase import CHECKS, parse_diff, run_check, split_patch
+
+from common import ROOT, Fail, cache_dir, main_wrapper, read_series, sdist_pin
+from patch import cached_tree, prepare_tree
+
+sys.path.insert(0, str(ROOT / "tests"))
+
+DEFAULT_TAG = "v0.33.0"
+UPSTREAM = ROOT / "upstream"
+# Trailers that only mean something to this distribution (DEP-3 style); they
+# stay in the quilt headers and are left out of the upstream commits.
+DISTRO_ONLY = {"forwarded", "upstream", "origin", "last-update", "applied-upstream"}
+# Commit identity and date of the pristine import commit: fixed, so the
+# pristine commit and every exported mail are reproducible.
+IMPORT_IDENT = ("vLLM release import", "release-import@example.invalid")
+IMPORT_DATE = "2000-01-01T00:00:00+00:00"
+
+# What each fix claims, in one line per claim (Claims section of the PR).
+CLAIMS: dict[str, list[str]] = {
+    "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
+        "Warm starts (AOT compile cache) with a draft model wider than the target "
+        "at TP > 1 no longer die in FlashInfer's workspace validation: the "
+        "workspace is planned from the engine config before any creation path "
+        "runs, so the lazy creation in the fused op uses the planned size.",
+        "A workspace smaller than the plan is never reused silently; a shape "
+        "the workspace cannot hold runs the unfused all-reduce + RMSNorm.",
+        "The compile-range endpoint and the fusion pass use the same (widest) "
+        "width, so fusion stays on for target and drafter.",
+        "No extra memory unless the draft is wider than the target (then the "
+        "same as vllm#52193's cold start).",
+    ],
+    "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch": [
+        "Every one-shot threshold and the workspace capacity it is checked "
+        "against are in one unit, stated in the code: num_tokens * hidden * "
+        "element size * world size.",
+        "vLLM requests the all-reduce strategy itself on MNNVL (FlashInfer's "
+        "1 MiB rule) instead of deferring to AUTO, capped by the one-shot "
+        "capacity of the workspace it goes to: a request can no longer exceed "
+        "the allocation (MNNVL TP8 with a 6144-wide target and a 4096-wide "
+        "draft raises on v0.33.0 and runs two-shot with this change).",
+        "TRT-LLM decisions are unchanged (vLLM's table, converted); no memory "
+        "change on either backend.",
+    ],
+}
+
+
+def port_series(tag: str) -> Path:
+    return UPSTREAM / tag / "series"
+
+
+# -- headers -> commits ------------------------------------------------------------
+
+
+@dataclass
+class Mail:
+    author: str
+    date: str  # RFC 2822
+    subject: str
+    body: str
+    trailers: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+
+    def message(self) -> str:
+        trailers = "".join(f"{k}: {v}\n" for k, v in self.trailers)
+        return f"{self.subject}\n\n{self.body.strip()}\n\n{trailers}"
+
+    def trailer(self, key: str) -> str | None:
+        for k, v in self.trailers + self.dropped:
+            if k.lower() == key.lower():
+                return v
+        return None
+
+
+_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
+
+
+def parse_header(header: str, name: str = "?") -> Mail:
+    """From:/Date:/Subject: lines, the body, and the trailer block at its end.
+
+    Continuation lines (starting with a space) belong to the field above.
+    """
+    lines = header.rstrip("\n").splitlines()
+    while lines and lines[-1].strip() in ("---", ""):
+        lines.pop()
+    fields: dict[str, str] = {}
+    i = 0
+    while i < len(lines) and (m := _TRAILER.match(lines[i])):
+        key, value = m.group(1).lower(), m.group(2)
+        i += 1
+        while i < len(lines) and lines[i].startswith(" "):
+            value += " " + lines[i].strip()
+            i += 1
+        fields[key] = value
+    for key in ("from", "subject"):
+        if key not in fields:
+            raise Fail(f"{name}: header has no {key.title()}: line")
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", fields["subject"])
+    rest = lines[i:]
+    # trailers: the last paragraph of Key: value lines (with continuations)
+    cut = len(rest)
+    while cut > 0 and rest[cut - 1].strip():
+        cut -= 1
+    block = rest[cut:]
+    trailers: list[tuple[str, str]] = []
+    if block and _TRAILER.match(block[0]):
+        for line in block:
+            if line.startswith(" ") and trailers:
+                k, v = trailers[-1]
+                trailers[-1] = (k, v + " " + line.strip())
+            elif m := _TRAILER.match(line):
+                trailers.append((m.group(1), m.group(2)))
+        body = "\n".join(rest[:cut])
+    else:
+        body = "\n".join(rest)
+    kept = [(k, v) for k, v in trailers if k.lower() not in DISTRO_ONLY]
+    dropped = [(k, v) for k, v in trailers if k.lower() in DISTRO_ONLY]
+    date = fields.get("date", "Thu, 01 Jan 2026 00:00:00 +0000")
+    return Mail(fields["from"], date, subject, body.strip("\n"), kept, dropped)
+
+
+def with_author(mail: Mail, author: str) -> Mail:
+    """The mail as sent by `author` ("Name <email>"): From and Signed-off-by."""
+    old = mail.author
+    trailers = [
+        (k, author if k.lower() == "signed-off-by" and v == old else v) for k, v in mail.trailers
+    ]
+    if ("Signed-off-by", author) not in trailers:
+        trailers.append(("Signed-off-by", author))
+    return Mail(author, mail.date, mail.subject, mail.body, trailers, mail.dropped)
+
+
+def _ident(author: str) -> tuple[str, str]:
+    m = re.match(r"^\s*(.*?)\s*<([^>]+)>\s*$", author)
+    if not m:
+        raise Fail(f"author {author!r} is not 'Name <email>'")
+    return m.group(1), m.group(2)
+
+
+# -- git -------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, input=None):
+    full = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+                **(env or {}))  # fmt: skip
+    proc = subprocess.run(["git", "-C", str(repo), *args], text=True, capture_output=True,
+                          env=full, input=input)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise Fail(f"git {' '.join(args[:3])} failed in {repo}:\n{proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def _as(name: str, email: str, date: str) -> dict:
+    return {
+        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": date,
+    }  # fmt: skip
+
+
+def pristine_git(tag: str) -> Path:
+    """A bare git repository holding pristine `tag` as one commit, cached.
+
+    Made once per sdist (fetched and verified like any tree) under
+    <cache>/git/; every file of the sdist is committed, the ones its
+    .gitignore names too.  Its commit id is reproducible (fixed identity and
+    date).
+    """
+    pin = sdist_pin(tag)
+    dest = cache_dir() / "git" / f"{pin.sha256[:16]}.git"
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pristine.", dir=dest.parent) as tmp:
+        tree = prepare_tree(Path(tmp) / "vllm", upto="", tag=tag)
+        git(tree, "init", "-q", "-b", "main")
+        git(tree, "add", "-A", "-f", ".")
+        name, email = IMPORT_IDENT
+        git(tree, "commit", "-q", "--no-verify", "-m", f"vLLM {tag} (pristine sdist)",
+            env=_as(name, email, IMPORT_DATE))  # fmt: skip
+        bare = Path(tmp) / "bare.git"
+        git(tree, "clone", "-q", "--bare", str(tree), str(bare))
+        try:
+            os.replace(bare, dest)
+        except OSError:  # made concurrently by another process
+            if not dest.exists():
+                raise
+    return dest
+
+
+def pristine_repo(tag: str, dest: Path, checkout: bool = True) -> Path:
+    """`dest`: a git clone of pristine `tag` (see pristine_git), checked out
+    unless `checkout` is False (then only the index is populated)."""
+    args = ["clone", "-q", "--shared"] + ([] if checkout else ["--no-checkout"])
+    git(dest.parent, *args, str(pristine_git(tag)), str(dest))
+    if not checkout:
+        git(dest, "read-tree", "HEAD")
+    return dest
+
+
+def commit_patch(
+    repo: Path, patchfile: Path, author: str | None = None, index_only: bool = False
+) -> Mail:
+    """Apply `patchfile` (quilt format, -p1) to `repo` and commit it with its
+    header; `index_only` for a clone without a checkout."""
+    header, diff = split_patch(patchfile.read_text())
+    mail = parse_header(header, patchfile.name)
+    if author:
+        mail = with_author(mail, author)
+    where = "--cached" if index_only else "--index"
+    proc = git(repo, "apply", where, "--whitespace=nowarn", "-", input=diff, check=False)
+    if proc.returncode != 0:
+        raise Fail(f"{patchfile.name}: git apply failed: {proc.stderr.strip()[-1500:]}")
+    name, email = _ident(mail.author)
+    git(repo, "commit", "-q", "--no-verify", "-F", "-", input=mail.message(),
+        env=_as(name, email, mail.date))  # fmt: skip
+    return mail
+
+
+def commit_id(repo: Path) -> str | None:
+    """The upstream commit the sdist was made from (vllm/_version.py)."""
+    proc = git(repo, "show", "HEAD:vllm/_version.py", check=False)
+    m = re.search(r"__commit_id__ = commit_id = '(?:g)?([0-9a-f]+)'", proc.stdout)
+    return m.group(1) if m else None
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def vllm_tests(patchfile: Path) -> list[str]:
+    """tests/**/test_*.py files the patch adds or changes (vLLM's own layout)."""
+    files = parse_diff(split_patch(patchfile.read_text())[1])
+    return sorted(d.new for d in files if d.new and re.match(r"tests/(.+/)?test_[^/]+\.py$", d.new))
+
+
+# vLLM's tests/conftest.py cleans up after every test not marked
+# skip_global_cleanup with torch.accelerator.empty_cache(), which raises on a
+# host without an accelerator: a teardown error of a test that passed, not a
+# failure of the code under test.
+CPU_TEARDOWN = "RuntimeError: Cannot access accelerator device when none is available"
+
+
+def _no_warnings(summary: str) -> str:
+    """'1 passed, 2 warnings in 3s' -> '1 passed in 3s'."""
+    counts, sep, rest = summary.partition(" in ")
+    kept = [c for c in counts.split(", ") if not re.fullmatch(r"\d+ warnings?", c)]
+    return ", ".join(kept) + sep + rest
+
+
+def pytest_outcome(stdout: str) -> dict:
+    """Counts of a `pytest -rfEs` run; `green`: something passed, nothing
+    failed, and the only errors are CPU_TEARDOWN ones; `red`: a test failed."""
+    lines = [x for x in stdout.strip().splitlines() if x.strip()]
+    summary = lines[-1].strip("= ") if lines else ""
+    count = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary)}
+    errors = count.get("error", 0) + count.get("errors", 0)
+    # the long report: one "_ ERROR at <when> of <test> _" section per error
+    sections = re.split(r"^_+ ERROR at ", stdout, flags=re.M)[1:]
+    benign = sum(
+        1
+        for sec in sections
+        if sec.startswith("teardown of ")
+        and CPU_TEARDOWN in re.split(r"^(?:_{3,}|={3,}) ", sec, maxsplit=1, flags=re.M)[0]
+    )
+    out = {
+        "summary": _no_warnings(summary),
+        "passed": count.get("passed", 0), "failed": count.get("failed", 0),
+        "skipped": count.get("skipped", 0), "errors": errors, "cpu_teardown_errors": benign,
+        "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", stdout, re.M))),
+    }  # fmt: skip
+    out["green"] = out["passed"] > 0 and out["failed"] == 0 and errors == benign
+    out["red"] = out["failed"] > 0 or errors > benign
+    return out
+
+
+def run_pytest(tree: Path, files: list[str]) -> dict:
+    from harness import scenario_env
+
+    cmd = ["-m", "pytest", "-p", "vllm_cpu_stubs", "-p", "no:cacheprovider", "-q", "-rfEs", *files]
+    proc = subprocess.run([sys.executable, *cmd], cwd=tree, env=scenario_env(tree),
+                          text=True, capture_output=True, timeout=900)  # fmt: skip
+    res = pytest_outcome(proc.stdout)
+    res["rc"] = proc.returncode
+    if not res["summary"]:
+        res["summary"] = proc.stderr.strip()[-300:]
+    return res
+
+
+def with_files(tree: Path, source: Path, files: list[str], dest: Path) -> Path:
+    """`dest` = `tree` with `files` taken from `source`: a hard-linked copy
+    (fast, and the cached `tree` is never written: replaced files are
+    unlinked first)."""
+    shutil.copytree(tree, dest, symlinks=True, copy_function=os.link)
+    for f in files:
+        (dest / f).unlink(missing_ok=True)
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / f, dest / f)
+    return dest
+
+
+def validate(tag: str, series: Path, name: str) -> dict:
+    """Red without `name` (on tag + the ports before it), green with it."""
+    patches = series.parent
+    names = read_series(series)
+    i = names.index(name)
+    before = cached_tree(names[i - 1] if i else "", tag, series, patches)
+    after = cached_tree(name, tag, series, patches)
+    res: dict = {"tests": [], "checks": []}
+    files = vllm_tests(patches / name)
+    if files:
+        green = run_pytest(after, files)
+        with tempfile.TemporaryDirectory() as tmp:
+            red = run_pytest(with_files(before, after, files, Path(tmp) / "vllm"), files)
+        res["tests"].append({"files": files, "with": green, "without": red})
+        if not green["green"]:
+            raise Fail(f"{name}: its tests fail with the patch: {green['summary']}")
+        if not red["red"]:
+            raise Fail(f"{name}: its tests pass without the patch: {red['summary']}")
+    for check in CHECKS.get(name, []):
+        entry = {"spec": check.spec, "why": check.why,
+                 "without": run_check(before, check), "with": run_check(after, check)}  # fmt: skip
+        res["checks"].append(entry)
+        if entry["with"]["passed"] is not True or entry["without"]["passed"] is not False:
+            raise Fail(f"{name}: scenario {check.spec} is not red without / green with it: "
+                       f"{json.dumps(entry)[:1500]}")  # fmt: skip
+    return res
+
+
+# -- pull-request description ------------------------------------------------------------
+
+
+def _fixes(mail: Mail) -> list[str]:
+    refs = []
+    for _, v in [t for t in mail.trailers if t[0].lower() == "fixes"]:
+        refs += [f"#{n}" for n in re.findall(r"vllm-project/vllm/issues/(\d+)", v)]
+        refs += [f"#{n}" for n in re.findall(r"(?<![\w/])vllm#(\d+)", v)]
+    return refs
+
+
+def _said(run: dict) -> str:
+    """A pytest outcome in words, benign CPU teardown errors named as such."""
+    text = run["summary"]
+    if run.get("cpu_teardown_errors"):
+        text += (f" ({run['cpu_teardown_errors']} errors: teardown of upstream tests not "
+                 "marked skip_global_cleanup, torch.accelerator on a CPU-only host)")  # fmt: skip
+    if run.get("errors") and not run.get("passed") and not run.get("failed"):
+        text += " (collection error: the tests import what the patch adds)"
+    return text
+
+
+def _scenario(result: dict) -> str:
+    if "error" in result:
+        return f"{result['error']}: {result.get('message', '')}"
+    if "failures" in result:
+        ex = (result.get("failure_examples") or [{}])[0].get("error", "")
+        said = (f"{result['failures']} FlashInfer errors, {result.get('unfused', 0)} "
+                f"unfused fallbacks in {result.get('checked')} calls")  # fmt: skip
+        return said + (f"; {ex}" if ex else "")
+    return ""
+
+
+def _result_lines(tag: str, val: dict | None, index: int) -> list[str]:
+    if val is None:
+        return ["- Not run by this export (`--no-tests`); run it without that option."]
+    on = f"{tag} + PATCH 1..{index}" if index > 1 else f"{tag} + this patch"
+    off = f"{tag} + PATCH 1..{index - 1}" if index > 1 else f"pristine {tag}"
+    out = []
+    for t in val["tests"]:
+        cmd = " ".join(["pytest", *t["files"]])
+        out += [f"- `{cmd}`", f"  - {on}: **{_said(t['with'])}**",
+                f"  - {off} with only the new tests: {_said(t['without'])} "
+                "(red, as expected)"]  # fmt: skip
+    for c in val["checks"]:
+        why = " ".join(_scenario(c["without"].get("result", {})).split())
+        out += [f"- Scenario `{c['spec']}`: {c['why']}.",
+                f"  - {off}: fails ({why[:400]})" if why else f"  - {off}: fails",
+                f"  - {on}: passes"]  # fmt: skip
+    return out
+
+
+def _runtime() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "?"
+    return f"Python {sys.version_info.major}.{sys.version_info.minor}, torch {torch}"
+
+
+def pr_description(
+    tag: str,
+    n: int,
+    m: int,
+    name: str,
+    mail: Mail,
+    val: dict | None,
+    base: str | None,
+    template: str,
+) -> str:
+    fixes = _fixes(mail)
+    claims = CLAIMS.get(name) or [mail.subject]
+    based = f"`{tag}`" + (f" (commit {base})" if base else "")
+    depends = f" Applies on top of PATCH 1..{n - 1} of this series." if n > 1 else ""
+    related = mail.trailer("Upstream")
+    lines = [
+        f"# {mail.subject}",
+        "",
+        "<!-- markdownlint-disable -->",
+        "",
+        "## Overview",
+        "",
+        f"{mail.subject}. " + (" ".join(f"Fixes {r}" for r in fixes) + "." if fixes else ""),
+        f"Against {based}, [PATCH {n}/{m}] of the exported series.{depends}",
+        "",
+        "## Claims",
+        "",
+        *[f"- {c}" for c in claims],
+        "",
+        "## Validation",
+        "",
+        "Test plan: each test below runs without the patch (must fail: it shows "
+        f"the bug) and with it (must pass). Run on CPU ({_runtime()}): the "
+        "compiled `torch.ops._C` ops that vLLM looks up at import are stood in "
+        f"by a pytest plugin; FlashInfer is the release {tag} pins, its "
+        "workspace objects built without GPU memory.",
+        "",
+        "Test results:",
+        "",
+        *_result_lines(tag, val, n),
+        "- Not run: the multi-GPU tests of the touched files (`@multi_gpu_test`) "
+        "and an end-to-end `vllm serve` with a draft model at TP=2; to be run on "
+        "2 GPUs before merge.",
+        "",
+        "## Details",
+        "",
+        mail.body.strip(),
+        "",
+    ]
+    if related:
+        lines += [f"Related: {related}", ""]
+    lines += [
+        "Duplicate-work check (AGENTS.md): to be done by the submitter before "
+        "opening, e.g. `gh pr list --repo vllm-project/vllm --state open --search "
+        f'"{fixes[0][1:] if fixes else ""} in:body"`.',
+        "",
+    ]
+    checklist = template[template.find("---") :] if "---" in template else ""
+    checklist = checklist.replace(
+        "- [ ] AI assistance was used during the creation of this PR.",
+        "- [x] AI assistance was used during the creation of this PR.",
+    )
+    return "\n".join(lines) + ("\n" + checklist.strip() + "\n" if checklist else "")
+
+
+# -- the whole export ------------------------------------------------------------------
+
+
+def export(
+    tag: str = DEFAULT_TAG,
+    out: Path | None = None,
+    author: str | None = None,
+    run_tests: bool = True,
+    series: Path | None = None,
+) -> dict:
+    series = series or port_series(tag)
+    if not series.exists():
+        raise Fail(f"{series}: no forward-ported series for {tag}")
+    names = read_series(series)
+    if not names:
+        raise Fail(f"{series}: the series is empty")
+    out = (out or ROOT / "build" / "export" / tag).resolve()
+    # applies exactly (raises otherwise) and is cached for the validation runs
+    cached_tree(None, tag, series, series.parent)
+    validation = {n: validate(tag, series, n) for n in names} if run_tests else {}
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="export.") as tmp:
+        repo = pristine_repo(tag, Path(tmp) / "vllm", checkout=False)
+        base = commit_id(repo)
+        template = git(repo, "show", "HEAD:.github/PULL_REQUEST_TEMPLATE.md", check=False).stdout
+        root = git(repo, "rev-parse", "HEAD").stdout.strip()
+        mails = [commit_patch(repo, series.parent / n, author, index_only=True) for n in names]
+        proc = git(repo, "format-patch", "--numbered", "--no-signature", "-o", str(out),
+                   f"{root}..HEAD")  # fmt: skip
+        files = [Path(p) for p in proc.stdout.split()]
+    report = {"tag": tag, "base_commit": base, "series": str(series), "patches": []}
+    for i, (name, mail, f) in enumerate(zip(names, mails, files, strict=True), start=1):
+        pr = out / f.with_suffix(".md").name
+        pr.write_text(pr_description(tag, i, len(names), name, mail, validation.get(name),
+                                     base, template))  # fmt: skip
+        report["patches"].append({
+            "name": name, "mail": f.name, "pr": pr.name, "subject": mail.subject,
+            "author": mail.author, "fixes": _fixes(mail),
+            "validation": validation.get(name),
+        })  # fmt: skip
+        if mail.author.rstrip(">").endswith(".invalid"):
+            print(f"warning: {f.name}: author {mail.author} is a placeholder; the DCO "
+                  "needs the submitter's identity: --author 'Name <email>'",
+                  file=sys.stderr)  # fmt: skip
+    (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument("tag", nargs="?", default=DEFAULT_TAG, help="upstream tag (upstream/TAG/)")
+    ap.add_argument("--out", type=Path, help="output folder (default build/export/TAG)")
+    ap.add_argument("--author", help="'Name <email>' for From: and Signed-off-by:")
+    ap.add_argument("--no-tests", action="store_true", help="skip the validation runs")
+    args = ap.parse_args()
+    report = export(args.tag, args.out, args.author, not args.no_tests)
+    out = args.out or ROOT / "build" / "export" / args.tag
+    for p in report["patches"]:
+        print(f"{out / p['mail']}\n{out / p['pr']}")
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

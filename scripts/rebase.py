@@ -1,0 +1,519 @@
+"""Move the series to another upstream tag and say, per patch, where it stands.
+
+    python scripts/rebase.py v0.33.0                  # report into build/rebase/v0.33.0/
+    python scripts/rebase.py v0.33.0 --out DIR --no-checks
+
+TAG's sdist is fetched and verified like the pinned tag's (pins/TAG.toml).
+Each patch of patches/series is tried, in order, on a working tree: pristine
+TAG plus the patches kept so far.  Its class, in the order they are decided:
+
+  absorbed              upstream already has the fix, detected in one of two
+                        ways: the patch reverse-applies exactly (upstream
+                        carries the same change), or the patch's scenario
+                        checks (CHECKS below) are red on the pinned tag before
+                        the patch and green on the working tree.  Not carried.
+  applies               quilt push --fuzz=0 with no offset: carried unchanged.
+  applies-with-changes  applies only with an offset or fuzz, or after a 3-way
+                        merge (git merge-file of the pinned tag's file, the
+                        patched file and TAG's file).  The refreshed patch
+                        (canonical quilt refresh, series.REFRESH_ARGS, header
+                        kept) is written to OUT/patches/; review it.
+  conflicts             none of that works.  The hunks that fail even with
+                        fuzz are listed (file, hunk, line in the pinned tag,
+                        where patch looked for it in TAG); OUT/conflicts/NAME/
+                        has the merge of every conflicting file with diff3
+                        markers.  Later patches are tried without it.
+
+OUT/report.json holds the same as the printed table, machine-readable;
+OUT/patches/series + patches are the series as carried (a starting point for
+upstream/TAG/, which is the reviewed forward port).  Exit status 0 when a
+report was written, whatever the classes; 2 on errors (bad pin, failed fetch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, read_series, run, sdist_pin
+from patch import _OFFSET, cached_tree, prepare_tree, quilt_env, require_tool
+from series import REFRESH_ARGS
+
+sys.path.insert(0, str(ROOT / "tests"))
+
+# -- scenario checks ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One scenario function of tests/scenarios/ that shows a patch's fix.
+
+    `passes(result)` is True when the result shows the fixed behaviour, False
+    when it shows the bug, None when it shows neither (the scenario broke for
+    another reason: then the check decides nothing).  `why` says it in words.
+    """
+
+    spec: str  # "module:function" of tests/scenarios/
+    why: str
+    passes: Callable[[dict], bool | None]
+    kwargs: dict = field(default_factory=dict)
+
+
+def verdict(fixed: Callable[[dict], bool], bug: str, message: str = "") -> Callable:
+    """A `passes` function: the bug is exception `bug` whose message contains
+    `message`; any other exception is undecided; no exception -> `fixed(r)`."""
+
+    def passes(r: dict) -> bool | None:
+        if "error" not in r:
+            return bool(fixed(r))
+        if r["error"] == bug and message in r.get("message", ""):
+            return False
+        return None
+
+    return passes
+
+
+# Which scenario shows each patch's fix: the same functions the patch's
+# tests/test_bug_*.py run red before / green after the patch.  A patch with no
+# entry can only be found absorbed textually (reverse-apply).
+CHECKS: dict[str, list[Check]] = {
+    "0001-flashinfer-0.6.16.post4-python-3.10-3.11.patch": [
+        Check(
+            "bug_c:import_flashinfer_all_reduce",
+            "TP>=2 start-up imports the tree's pinned FlashInfer (flashinfer.comm) "
+            "on this Python and the fused all-reduce is available",
+            verdict(lambda r: r.get("fi_ar_available") is True, "TypeError", "array.array"),
+        )
+    ],
+    "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
+        Check(
+            "bug_a:warm_start",
+            "warm start (AOT cache: no pass built, workspace created lazily in the "
+            "fused op) of the seed config, TP2 SM90, target 2048 / draft 2560, "
+            "runs fused without the workspace-validation ValueError",
+            verdict(lambda r: True, "ValueError", "exceeds workspace max_token_num"),
+        )
+    ],
+    "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch": [
+        Check(
+            "bug_b:run_case",
+            "MNNVL, SM90 TP8, target 6144 / draft 4096 wide, 1..16 tokens: every "
+            "request fits the workspace and runs fused (no FlashInfer 'buffer "
+            "size ... insufficient' error, no unfused fallback)",
+            lambda r: (
+                None
+                if "error" in r
+                else r["failures"] == 0 and r["unfused"] == 0 and r["checked"] > 0
+            ),
+            {
+                "backend": "mnnvl",
+                "capability": 90,
+                "tp": 8,
+                "widths": [6144, 4096],
+                "dtype": "bfloat16",
+                "limit": 16,
+                "budget_mb": None,
+            },  # fmt: skip
+        )
+    ],
+}
+
+
+def run_check(tree: Path, check: Check) -> dict:
+    """Run `check` on `tree`; {"passed", "result"} or {"passed": None, "error"}."""
+    from harness import run_scenario
+
+    try:
+        result = run_scenario(tree, check.spec, **check.kwargs)
+    except (Fail, AssertionError, OSError) as e:  # no FlashInfer pin, crash...
+        return {"passed": None, "error": str(e)[-2000:]}
+    result = dict(result) if isinstance(result, dict) else {"value": result}
+    result.pop("stderr", None)
+    return {"passed": check.passes(result), "result": _short(result)}
+
+
+def _short(result: dict, limit: int = 20000) -> dict:
+    text = json.dumps(result, default=str)
+    return result if len(text) <= limit else {"summary": text[:limit] + "..."}
+
+
+# -- patch files ------------------------------------------------------------------
+
+_DIFF_START = re.compile(r"^(?:--- \S|diff |Index: )", re.M)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
+
+
+def split_patch(text: str) -> tuple[str, str]:
+    """(header, diff): the header is everything above the first file diff."""
+    m = _DIFF_START.search(text)
+    return (text, "") if m is None else (text[: m.start()], text[m.start() :])
+
+
+@dataclass
+class FileDiff:
+    old: str | None  # path in the tree (without a/), None for a new file
+    new: str | None  # None for a deleted file
+    hunks: list[str] = field(default_factory=list)  # "@@ ... @@" header lines
+
+    @property
+    def path(self) -> str:
+        return self.new or self.old or "?"
+
+
+def parse_diff(text: str) -> list[FileDiff]:
+    """The files and hunk headers of a -p1 unified diff (a/ b/ prefixes)."""
+
+    def strip(p: str) -> str | None:
+        p = p.split("\t", 1)[0].strip()
+        return None if p == "/dev/null" else p.split("/", 1)[1] if "/" in p else p
+
+    files: list[FileDiff] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            files.append(FileDiff(strip(line[4:]), strip(lines[i + 1][4:])))
+        elif line.startswith("@@ ") and files:
+            files[-1].hunks.append(line)
+    return files
+
+
+# -- quilt / patch / git helpers --------------------------------------------------
+
+
+def _patch_cmd(tree: Path, patchfile: Path, *args: str):
+    return run(["patch", "-p1", "--dry-run", "-d", str(tree), "-i", str(patchfile), *args])
+
+
+def reverse_applies(tree: Path, patchfile: Path) -> bool:
+    """The patch's change is already in `tree` (offsets allowed, no fuzz).
+
+    -f: take -R literally (--batch would "detect" an unreversed patch and
+    apply it forward instead).
+    """
+    return _patch_cmd(tree, patchfile, "-f", "-R", "--fuzz=0").returncode == 0
+
+
+def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
+    """Hunks of `patchfile` that do not apply to `tree` even with `fuzz`."""
+    out = _patch_cmd(tree, patchfile, "--batch", "--forward", f"--fuzz={fuzz}")
+    diffs = {d.path: d for d in parse_diff(patchfile.read_text())}
+    hunks, current = [], "?"
+    lines = (out.stdout + out.stderr).splitlines()
+    for i, line in enumerate(lines):
+        if m := re.match(r"^(?:checking|patching) file (.+)$", line):
+            current = m.group(1).strip()
+        elif m := re.match(r"^Hunk #(\d+) FAILED at (\d+)", line):
+            n, at = int(m.group(1)), int(m.group(2))
+            d = diffs.get(current)
+            header = d.hunks[n - 1] if d and n <= len(d.hunks) else ""
+            hm = _HUNK.match(header)
+            hunks.append({
+                "file": current, "hunk": n, "header": header,
+                "line": int(hm.group(1)) if hm else None,  # in the pinned tag
+                "tried_at": at,  # where patch looked in the target tag
+            })  # fmt: skip
+        elif line.startswith("can't find file to patch"):
+            # the file is only named in the quoted diff header that follows
+            for quoted in lines[i + 1 : i + 8]:
+                if m := re.match(r"^\|(?:\+\+\+|---) [ab]/(\S+)", quoted):
+                    current = m.group(1)
+                    break
+            hunks.append({"file": current, "hunk": None, "line": None, "tried_at": None,
+                          "header": "missing in the target tag"})  # fmt: skip
+        elif "Reversed (or previously applied) patch detected" in line:
+            hunks.append({"file": current, "hunk": None, "line": None, "tried_at": None,
+                          "header": line.strip()})  # fmt: skip
+    return hunks
+
+
+def merge3(current: Path, base: Path, other: Path) -> tuple[int, str]:
+    """git merge-file: (number of conflicts, merged text with diff3 markers)."""
+    proc = run(["git", "merge-file", "-p", "--diff3", "-L", "target tag", "-L", "pinned tag",
+                "-L", "patched", str(current), str(base), str(other)])  # fmt: skip
+    if proc.returncode < 0 or proc.returncode > 127:
+        raise Fail(f"git merge-file failed on {current}: {proc.stderr.strip()}")
+    return proc.returncode, proc.stdout
+
+
+class Quilt:
+    """quilt in `tree`, with the carried series in `patches`."""
+
+    def __init__(self, tree: Path, patches: Path):
+        self.tree, self.patches, self.series = tree, patches, patches / "series"
+        self.env = quilt_env(patches, self.series)
+
+    def __call__(self, *args: str, stdin: str | None = None):
+        return run(["quilt", *args], cwd=self.tree, env=self.env, input=stdin)
+
+    def add_to_series(self, name: str) -> None:
+        names = read_series(self.series)
+        self.series.write_text("".join(f"{n}\n" for n in [*names, name]))
+
+    def drop_from_series(self, name: str) -> None:
+        names = [n for n in read_series(self.series) if n != name]
+        self.series.write_text("".join(f"{n}\n" for n in names))
+        (self.patches / name).unlink(missing_ok=True)
+
+    def refresh(self) -> None:
+        proc = self("refresh", *REFRESH_ARGS)
+        if proc.returncode != 0:
+            raise Fail(f"quilt refresh failed in {self.tree}: {proc.stderr.strip()}")
+
+
+# -- classification ---------------------------------------------------------------
+
+
+@dataclass
+class Trees:
+    """Where patch NAME came from: the pinned tag's tree before and after it."""
+
+    before: Path
+    after: Path
+
+
+def _offsets(out: str) -> list[str]:
+    return [m.group(0).strip() for m in _OFFSET.finditer(out)]
+
+
+def classify(
+    name: str,
+    patchfile: Path,
+    q: Quilt,
+    origin: Trees | None,
+    checks: list[Check],
+    runner=None,
+) -> dict:
+    """Classify patch `name` on q.tree (pristine target + carried patches).
+
+    The tree ends with the patch applied when it is carried (applies,
+    applies-with-changes), unchanged otherwise.  `origin` is needed for the
+    3-way merge and for the checks' red-before run; `runner(tree, check)`
+    runs a check (default run_check: the scenario in a subprocess).
+    """
+    runner = runner or run_check
+    rec: dict = {"name": name, "status": None, "detail": "", "checks": []}
+    text = patchfile.read_text()
+    header, _ = split_patch(text)
+
+    # 1. absorbed, textually
+    if reverse_applies(q.tree, patchfile):
+        rec.update(status="absorbed", how="reverse-applies",
+                   detail="reverse-applies: upstream carries the same change")  # fmt: skip
+        return rec
+
+    # 2. absorbed, by behaviour: red on the pinned tag before it, green here
+    for check in checks:
+        entry = {"spec": check.spec, "why": check.why, "kwargs": check.kwargs}
+        entry["target"] = runner(q.tree, check)
+        if entry["target"]["passed"] and origin is not None:
+            entry["pinned_before"] = runner(origin.before, check)
+        rec["checks"].append(entry)
+    if rec["checks"] and all(
+        c["target"]["passed"] and c.get("pinned_before", {}).get("passed") is False
+        for c in rec["checks"]
+    ):
+        rec.update(status="absorbed", how="checks",
+                   detail="its scenario checks are red on the pinned tag before the "
+                   "patch and green on the target tag: fixed upstream")  # fmt: skip
+        return rec
+
+    # 3. applies exactly / with offset or fuzz
+    shutil.copyfile(patchfile, q.patches / name)
+    q.add_to_series(name)
+    for fuzz in (0, 2):
+        proc = q("push", f"--fuzz={fuzz}", name)
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            continue
+        offsets = _offsets(out)
+        if fuzz == 0 and not offsets:
+            rec.update(status="applies", detail="quilt push --fuzz=0, no offset")
+            return rec
+        q.refresh()
+        rec.update(status="applies-with-changes", how="offset/fuzz", changes=offsets,
+                   detail=f"{len(offsets)} hunk(s) moved or fuzzed; refreshed",
+                   refreshed=f"patches/{name}")  # fmt: skip
+        return rec
+
+    # 4. 3-way merge of each file the patch touches
+    q.drop_from_series(name)
+    hunks = failed_hunks(q.tree, patchfile)
+    files = parse_diff(text)
+    if origin is None:
+        rec.update(status="conflicts", hunks=hunks,
+                   detail="does not apply; no origin trees for a 3-way merge")  # fmt: skip
+        return rec
+    merged, conflicts = {}, {}
+    for d in files:
+        base = origin.before / d.old if d.old else None
+        ours = q.tree / d.path
+        theirs = origin.after / d.new if d.new else None
+        if theirs is None:  # deleted by the patch
+            if ours.exists() and base and ours.read_bytes() != base.read_bytes():
+                conflicts[d.path] = (1, "deleted by the patch, changed upstream\n")
+            merged[d.path] = None
+            continue
+        if not ours.exists():
+            if base is None:  # a new file, still absent upstream
+                merged[d.path] = theirs.read_text()
+            else:
+                conflicts[d.path] = (1, f"{d.path}: removed or moved upstream\n")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            empty = Path(tmp) / "empty"
+            empty.write_text("")
+            n, out = merge3(ours, base if base and base.exists() else empty, theirs)
+        if n:
+            conflicts[d.path] = (n, out)
+        else:
+            merged[d.path] = out
+    if conflicts:
+        rec.update(
+            status="conflicts",
+            hunks=hunks,
+            merge_conflicts={p: n for p, (n, _) in conflicts.items()},
+            detail=f"{len(hunks)} hunk(s) fail with fuzz 2; 3-way merge conflicts in "
+            + ", ".join(f"{p} ({n})" for p, (n, _) in conflicts.items()),
+        )
+        rec["_conflict_texts"] = {p: t for p, (_, t) in conflicts.items()}
+        return rec
+    # carry the merge: a new top patch with the merged files, header kept
+    if q("new", name).returncode != 0:
+        raise Fail(f"quilt new {name} failed in {q.tree}")
+    for path in merged:
+        if q("add", path).returncode != 0:
+            raise Fail(f"quilt add {path} failed in {q.tree}")
+    for path, content in merged.items():
+        dest = q.tree / path
+        if content is None:
+            dest.unlink(missing_ok=True)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(content)
+    q.refresh()
+    out = q.patches / name
+    out.write_text(header + out.read_text())
+    rec.update(status="applies-with-changes", how="3-way merge", hunks_before_merge=hunks,
+               changes=[f"3-way merge: {p}" for p in merged], refreshed=f"patches/{name}",
+               detail=f"{len(hunks)} hunk(s) fail as is; 3-way merge of "
+               f"{len(merged)} file(s) is clean; refreshed")  # fmt: skip
+    return rec
+
+
+# -- the whole series ---------------------------------------------------------------
+
+
+def rebase(
+    tag: str,
+    out: Path,
+    series: Path = SERIES,
+    patches: Path = PATCHES,
+    checks: dict[str, list[Check]] | None = None,
+    from_tag: str = TAG,
+) -> dict:
+    """Classify every patch of `series` (made for `from_tag`) on `tag`; write OUT."""
+    require_tool("quilt", "quilt")
+    checks = CHECKS if checks is None else checks
+    pin = sdist_pin(tag)  # pins/TAG.toml must exist: fail before any work
+    names = read_series(series)
+    out = out.resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "patches").mkdir(parents=True)
+    (out / "patches" / "series").write_text("")
+    records = []
+    uncarried: dict[str, set[str]] = {}  # conflicting patches -> files they touch
+    with tempfile.TemporaryDirectory(prefix="rebase.") as tmp:
+        tree = prepare_tree(Path(tmp) / "vllm", upto="", tag=tag)  # fetch + verify
+        q = Quilt(tree, out / "patches")
+        for i, name in enumerate(names):
+            origin = Trees(
+                cached_tree(names[i - 1] if i else "", from_tag, series, patches),
+                cached_tree(name, from_tag, series, patches),
+            )
+            rec = classify(name, patches / name, q, origin, checks.get(name, []))
+            touched = {d.path for d in parse_diff((patches / name).read_text())}
+            if rec["status"] == "conflicts":
+                # an earlier patch left behind touches the same files: this
+                # one was made on top of it, port that one first
+                rec["after_uncarried"] = {
+                    n: sorted(touched & f) for n, f in uncarried.items() if touched & f
+                }
+                if rec["after_uncarried"]:
+                    rec["detail"] += "; builds on " + ", ".join(rec["after_uncarried"])
+                    rec["detail"] += " (not carried): port that one first"
+                uncarried[name] = touched
+            texts = rec.pop("_conflict_texts", {})
+            for path, text in texts.items():
+                dest = out / "conflicts" / name / path
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(text)
+            records.append(rec)
+    report = {
+        "from": from_tag,
+        "to": tag,
+        "sdist": {"filename": pin.filename, "sha256": pin.sha256},
+        "series": _shown(series),
+        "patches": records,
+        "carried": read_series(out / "patches" / "series"),
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _word(outcome: dict) -> str:
+    return {True: "green (fixed)", False: "red (bug)", None: "undecided"}[outcome["passed"]]
+
+
+def format_table(report: dict) -> str:
+    rows = [("patch", "status", "detail")]
+    for r in report["patches"]:
+        rows.append((r["name"], r["status"], r["detail"]))
+        for h in r.get("hunks", []) if r["status"] == "conflicts" else []:
+            where = f"{h['file']} hunk #{h['hunk']}" if h["hunk"] else h["file"]
+            at = f" (line {h['line']} in {report['from']}, tried at {h['tried_at']})"
+            rows.append(("", "", f"  {where}{at if h['hunk'] else ': ' + h['header']}"))
+        for c in r.get("checks", []):
+            said = f"  check {c['spec']}: {report['to']} {_word(c['target'])}"
+            if "pinned_before" in c:
+                said += f", {report['from']} before the patch {_word(c['pinned_before'])}"
+            rows.append(("", "", said))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    lines.insert(1, "-" * min(120, w0 + w1 + 40))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument("tag", help="target upstream tag, with pins/TAG.toml (e.g. v0.33.0)")
+    ap.add_argument("--out", type=Path, help="output folder (default build/rebase/TAG)")
+    ap.add_argument("--no-checks", action="store_true",
+                    help="skip the scenario checks (textual classification only)")  # fmt: skip
+    args = ap.parse_args()
+    out = args.out or ROOT / "build" / "rebase" / args.tag
+    report = rebase(args.tag, out, checks={} if args.no_checks else None)
+    print(f"rebase {report['from']} -> {report['to']} ({report['series']})")
+    print(format_table(report))
+    print(f"\nreport: {out / 'report.json'}\ncarried series: {out / 'patches' / 'series'}")
+
+
+if __name__ == "__main__":
+    main_wrapper(main)
