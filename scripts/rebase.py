@@ -47,6 +47,8 @@ from patch import _OFFSET, cached_tree, prepare_tree, quilt_env, require_tool
 from series import REFRESH_ARGS
 
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
+from bug_b import NARROW_DRAFT  # noqa: E402
 
 # -- scenario checks ------------------------------------------------------------
 
@@ -112,15 +114,7 @@ CHECKS: dict[str, list[Check]] = {
                 if "error" in r
                 else r["failures"] == 0 and r["unfused"] == 0 and r["checked"] > 0
             ),
-            {
-                "backend": "mnnvl",
-                "capability": 90,
-                "tp": 8,
-                "widths": [6144, 4096],
-                "dtype": "bfloat16",
-                "limit": 16,
-                "budget_mb": None,
-            },  # fmt: skip
+            NARROW_DRAFT,
         )
     ],
 }

@@ -10,6 +10,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "scenarios"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 

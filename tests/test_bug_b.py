@@ -23,6 +23,7 @@ MNNVL itself and nothing is forced.
 from __future__ import annotations
 
 import pytest
+from bug_b import NARROW_DRAFT
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -79,17 +80,6 @@ def test_seed_after_every_token_count_fits(seed_after):
     assert mnnvl["mnnvl_buffer_size_bytes"] == 1179648
     # TRT-LLM keeps vLLM's table: one-shot for all 42 tokens
     assert seed_after["runs"]["trtllm_as_shipped"]["oneshot_tokens"] == {"6144": [[1, 42]]}
-
-
-NARROW_DRAFT = {
-    "backend": "mnnvl",
-    "capability": 90,
-    "tp": 8,
-    "widths": [6144, 4096],
-    "dtype": "bfloat16",
-    "limit": 16,
-    "budget_mb": None,
-}
 
 
 def test_narrower_model_gets_a_strategy_the_workspace_holds():

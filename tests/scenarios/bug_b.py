@@ -46,6 +46,22 @@ import os
 import types
 from typing import Any
 
+from bug_a import trtllm_sizes
+
+# A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
+# tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
+# planned width, so AUTO can pick one-shot beyond the buffer.  Used by
+# tests/test_bug_b.py and scripts/rebase.py.
+NARROW_DRAFT = {
+    "backend": "mnnvl",
+    "capability": 90,
+    "tp": 8,
+    "widths": [6144, 4096],
+    "dtype": "bfloat16",
+    "limit": 16,
+    "budget_mb": None,
+}
+
 MiB = 1024 * 1024
 
 _STATE: dict[str, Any] = {}
@@ -127,22 +143,10 @@ def _install_simulation() -> dict[str, Any]:
         comm_backend=None,
         use_symm_dev_mem=False,
     ):
-        # trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion
-        buffer_size = tp_size * max_token_num * hidden_dim * 2
-        flag_size = tp_size * fi_trtllm.BarrierFlagCount * 4
-        lamport_comm_size = tp_size * max_token_num * hidden_dim * (4 if use_fp32_lamport else 2)
-        lamport_comm_size = min(lamport_comm_size, fi_trtllm.MAX_COMM_SIZE)
-        metadata = {
-            "tp_rank": tp_rank,
-            "tp_size": tp_size,
-            "max_token_num": max_token_num,
-            "hidden_dim": hidden_dim,
-            "use_fp32_lamport": use_fp32_lamport,
-            "buffer_size": buffer_size,
-            "flag_size": flag_size,
-            "lamport_comm_size": lamport_comm_size,
-            "lamport_buffer_size": lamport_comm_size * 3,
-        }
+        # trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion's sizing
+        dtype = torch.float32 if use_fp32_lamport else torch.bfloat16
+        metadata = trtllm_sizes(tp_size, max_token_num, hidden_dim, dtype)
+        metadata["tp_rank"] = tp_rank
         allocations.append({"backend": "trtllm", **metadata})
         return [], None, [], metadata
 
