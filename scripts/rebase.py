@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, read_series, run, sdist_pin
-from patch import _OFFSET, cached_tree, prepare_tree, quilt_env, require_tool
+from patch import _OFFSET, _shown, cached_tree, prepare_tree, quilt_env, require_tool
 from series import REFRESH_ARGS
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -460,13 +460,6 @@ def rebase(
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def _word(outcome: dict) -> str:
