@@ -222,8 +222,9 @@ def make_workspace(
         raise RuntimeError(f"Unknown backend: {backend}")
     ws.world_size = world_size
     ws.rank = rank
-    # No GPU memory behind it: make destroy()/__del__ no-ops.
+    # No GPU memory behind it: __del__ is a no-op, destroy() is recorded.
     ws._destroyed = True
+    ws.destroy = lambda: _state["destroyed"].append(id(ws))
     _state["created"].append(
         {
             "backend": backend,
@@ -233,6 +234,31 @@ def make_workspace(
         }
     )
     return ws
+
+
+class FakeDist:
+    """torch.distributed as flashinfer_all_reduce uses it: the other ranks of
+    the TP group answer like this one, unless ``_state["peer_fails"]`` says a
+    peer could not create its workspace (its MIN all-reduce contributes 0)."""
+
+    ReduceOp = types.SimpleNamespace(MIN="min")
+
+    @staticmethod
+    def get_world_size(group=None):
+        import vllm.distributed.parallel_state as ps
+
+        return ps._TP.world_size
+
+    @staticmethod
+    def get_rank(group=None):
+        return 0
+
+    @staticmethod
+    def all_reduce(tensor, op=None, group=None):
+        _state["collectives"] += 1
+        if _state["peer_fails"]:
+            _state["peer_fails"] -= 1
+            tensor.zero_()
 
 
 def _reference_kernel(x, residual_in, gamma, eps, weight_bias, world_size):
@@ -364,6 +390,10 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         force_oneshot_support=False,
         group=None,
     ):
+        _state["attempts"] += 1
+        if _state["local_fails"]:  # e.g. out of memory on this rank
+            _state["local_fails"] -= 1
+            raise RuntimeError("simulated: CUDA out of memory")
         return make_workspace(
             backend, world_size, rank, max_token_num, hidden_dim, dtype, force_oneshot_support
         )
@@ -377,13 +407,14 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     fiar.TorchDistBackend = lambda group=None: None
     if hasattr(fiar, "_node_count"):  # v0.33.0+: a single node is simulated
         fiar._node_count = lambda group: 1
-    fiar.dist = types.SimpleNamespace(
-        get_world_size=lambda group=None: ps._TP.world_size,
-        get_rank=lambda group=None: 0,
-    )
+    fiar.dist = FakeDist
+    import torch
+
+    torch.cuda.is_current_stream_capturing = lambda: _state["capturing"]
     _state.update(
-        created=[], kernel_calls=[], passes=[], tp=tp, capability=capability, backend=backend
-    )
+        created=[], kernel_calls=[], passes=[], tp=tp, capability=capability, backend=backend,
+        destroyed=[], attempts=0, collectives=0, local_fails=0, peer_fails=0, capturing=False,
+    )  # fmt: skip
 
 
 def new_process(tp: int | None = None) -> None:
@@ -392,14 +423,13 @@ def new_process(tp: int | None = None) -> None:
 
     _state["passes"].clear()
     fiar.destroy_fi_ar_workspace()
-    if hasattr(fiar, "_fi_ar_workspace_shape"):
-        fiar._fi_ar_workspace_shape = None
     if tp is not None:
         import vllm.distributed.parallel_state as ps
 
         ps._TP = FakeTPGroup(tp)
     _state["created"].clear()
     _state["kernel_calls"].clear()
+    _state.update(destroyed=[], attempts=0, collectives=0, local_fails=0, peer_fails=0)
 
 
 # --------------------------------------------------------------------------
@@ -504,11 +534,14 @@ def compile_plan(vllm_config, fpass) -> dict:
     fused = [
         [r.start, r.end] for r in ranges if fpass is not None and fpass.is_applicable_for_range(r)
     ]
+    params = getattr(fpass, "allreduce_params", None)
     return {
         "ranges": [[r.start, r.end] for r in ranges],
         "fused_ranges": fused,
         "max_token_num": getattr(fpass, "max_token_num", None),
         "hidden": vllm_config.model_config.get_hidden_size(),
+        # what the pass bakes into each fused op of the compiled graph
+        "op_kwargs": params.get_trtllm_fused_allreduce_kwargs() if params else None,
     }
 
 
@@ -560,10 +593,7 @@ def forward(plan, num_tokens, pattern="kARResidualRMSNorm", dtype="bfloat16", we
         scale_out=None,
         scale_factor=scale,
         weight_bias=weight_bias,
-        world_size=_state["tp"],
-        launch_with_pdl=True,
-        fp32_acc=True,
-        max_token_num=plan["max_token_num"],
+        **plan["op_kwargs"],
     )
     _, s_ref, n_ref = _reference_kernel(x0, res0, gamma, 1e-6, weight_bias, _state["tp"])
     err = max(
@@ -716,7 +746,10 @@ def standalone(
     class _OnDevice(torch.Tensor):
         is_cuda = property(lambda self: True)
 
-    comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(cfg):  # as in the worker's init_device
+        comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
     accepted = {}
     for name, h in (("target", target_hidden), ("draft", draft_hidden)):
         if h is None:
@@ -753,36 +786,138 @@ def tp_budget_elems(cfg) -> int:
     return pc.flashinfer_max_size(cfg.parallel_config.tensor_parallel_size) // 2
 
 
-def fallback(
-    target_hidden=2048,
-    tp=2,
-    capability=90,
-    max_num_batched_tokens=8192,
-    backend="trtllm",
-    pattern="kARResidualRMSNorm",
-    weight_bias=0.0,
-):
-    """A compiled graph whose baked ``max_token_num`` exceeds the workspace
-    (e.g. a stale AOT artifact): the op must not hand FlashInfer the shape.
-    The workspace is created by the target's pass; the graph then sends twice
-    the planned token count."""
-    setup(tp, capability, backend)
-    import vllm.distributed.parallel_state as ps
+def _fused_call(plan, n=1) -> dict:
+    """One call of a compiled graph's fused op; an exception is reported."""
+    try:
+        return forward(plan, n)
+    except Exception as e:  # noqa: BLE001
+        return {"error": type(e).__name__, "message": str(e)[:300]}
 
-    cfg = engine_config(target_hidden, None, tp, max_num_batched_tokens)
+
+def creation_failure(where="local", tp=2, capability=90, backend="trtllm"):
+    """Workspace creation fails on its first attempt only: on this rank (a
+    simulated out-of-memory from FlashInfer's constructor) or on a peer (this
+    rank's creation succeeds, the peer reports failure in the agreement
+    all-reduce).  Cold start: the target's and the drafter's passes are
+    built.  Warm start (compiled graphs from the cache): the fused op is
+    called three times.  A correct tree attempts creation once per process
+    and every rank ends in the same state."""
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    setup(tp, capability, backend)
+    cfg = engine_config(2048, 2560, tp, 8192)
     worker_init(cfg)
-    fusion_pass(cfg)
-    big = {
-        "ranges": [[1, max_num_batched_tokens * 2]],
-        "fused_ranges": [[1, max_num_batched_tokens * 2]],
-        "max_token_num": max_num_batched_tokens * 2,
-        "hidden": target_hidden,
+    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}  # a good earlier run
+    fails = "local_fails" if where == "local" else "peer_fails"
+    out = {}
+    new_process(tp)
+    worker_init(cfg)
+    _state[fails] = 1
+    passes = [fusion_pass(cfg), fusion_pass(draft_config(cfg))]
+    out["cold"] = {
+        "attempts": _state["attempts"],
+        "fusion_enabled": [not p.disabled for p in passes],
+        "workspace": fiar._fi_ar_workspace is not None,
     }
-    before = ps._TP.all_reduce_calls
-    out = forward(big, max_num_batched_tokens * 2, pattern, weight_bias=weight_bias)
-    out["unfused_all_reduce_calls"] = ps._TP.all_reduce_calls - before
-    out["kernel_calls"] = _kernel_calls()
+    new_process(tp)
+    worker_init(cfg)
+    _state[fails] = 1
+    calls = [_fused_call(plans["target"]) for _ in range(3)]
+    out["warm"] = {
+        "attempts": _state["attempts"],
+        "calls": calls,
+        "workspace": fiar._fi_ar_workspace is not None,
+    }
     return out
+
+
+def capture_first_use(tp=2, capability=90, backend="trtllm"):
+    """Warm start whose first fused call happens while a CUDA graph is being
+    captured (simulated: torch.cuda.is_current_stream_capturing() is True).
+    Creating there would allocate and run a collective inside the capture."""
+    setup(tp, capability, backend)
+    cfg = engine_config(2048, 2560, tp, 8192)
+    worker_init(cfg)
+    plan = compile_plan(cfg, fusion_pass(cfg))
+    new_process(tp)
+    worker_init(cfg)
+    _state["capturing"] = True
+    try:
+        call = _fused_call(plan)
+    finally:
+        _state["capturing"] = False
+    return {"call": call, "attempts": _state["attempts"], "collectives": _state["collectives"]}
+
+
+def drafter_pass_collected(tp=2, capability=90, backend="trtllm"):
+    """Cold start, then the drafter's pass object is garbage-collected (its
+    compiled graphs are done with it) while the target's graphs keep running.
+    The workspace they use must be neither destroyed nor re-created."""
+    import gc
+
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+
+    setup(tp, capability, backend)
+    cfg = engine_config(2048, 2560, tp, 8192)
+    worker_init(cfg)
+    target_plan = compile_plan(cfg, fusion_pass(cfg))
+    draft_pass = fusion_pass(draft_config(cfg))
+    _state["passes"].remove(draft_pass)
+    del draft_pass
+    gc.collect()
+    alive = fiar._fi_ar_workspace is not None
+    forward = forward_all(target_plan, 8192)
+    return {
+        "destroyed": len(_state["destroyed"]),
+        "alive_after_gc": alive,
+        "created": list(_state["created"]),
+        "forward": {"target": forward},
+        "kernel_calls": _kernel_calls(),
+    }
+
+
+def teardown_tp_group() -> None:
+    """What destroy_model_parallel() does to the TP group's device
+    communicator: the REAL CudaCommunicator.destroy() (its NCCL, custom
+    all-reduce and all2all members are absent in this simulation)."""
+    import vllm.distributed.parallel_state as ps
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    comm = CudaCommunicator.__new__(CudaCommunicator)
+    comm.cpu_group = ps._TP.cpu_group
+    comm.pynccl_comm = comm.ca_comm = comm.aiter_ar_comm = None
+    comm.fi_ar_comm = comm.all2all_manager = None
+    comm.destroy()
+
+
+def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False):
+    """Two engines one after the other in one process (external_launcher /
+    torchrun): engine 1 runs, is torn down (the TP group's communicator is
+    destroyed), and engine 2, wider, starts.  Engine 1's pass objects are
+    still referenced (nothing guarantees they are collected before engine 2
+    compiles), so only teardown can release the workspace.  With
+    ``first_fails`` engine 1's workspace creation failed."""
+    setup(tp, 90, "trtllm")
+    cfg1 = engine_config(first_hidden, None, tp, 8192)
+    worker_init(cfg1)
+    _state["local_fails"] = 1 if first_fails else 0
+    plan1 = compile_plan(cfg1, fusion_pass(cfg1))
+    first = forward_all(plan1, 8192) if plan1["fused_ranges"] else {}
+    teardown_tp_group()
+    destroyed = len(_state["destroyed"])
+    _state["created"].clear()
+    _state["kernel_calls"].clear()
+    cfg2 = engine_config(second_hidden, None, tp, 8192)
+    worker_init(cfg2)
+    plan2 = compile_plan(cfg2, fusion_pass(cfg2))
+    return {
+        "first": first,
+        "destroyed_at_teardown": destroyed,
+        "forward": {"target": forward_all(plan2, 8192)},
+        "created": list(_state["created"]),
+        "workspaces": _workspaces(),
+        "kernel_calls": _kernel_calls(),
+    }
 
 
 def suite() -> dict:
@@ -805,8 +940,13 @@ def suite() -> dict:
         "cold_tp4_budget": (cold_start, {"tp": 4}),
         "warm_mnnvl_sm100": (warm_start, {"backend": "mnnvl", "capability": 100, "tp": 4}),
         "standalone_tp4": (standalone, {}),
-        "fallback_oversize": (fallback, {}),
-        "fallback_oversize_gemma": (fallback, {"weight_bias": 1.0}),
+        "fail_local": (creation_failure, {"where": "local"}),
+        "fail_peer": (creation_failure, {"where": "peer"}),
+        "fail_local_mnnvl": (creation_failure, {"where": "local", "backend": "mnnvl"}),
+        "capture_first_use": (capture_first_use, {}),
+        "drafter_collected": (drafter_pass_collected, {}),
+        "two_engines": (two_engines, {}),
+        "two_engines_first_failed": (two_engines, {"first_fails": True}),
     }
     out = {}
     for name, (fn, kwargs) in cases.items():
