@@ -496,7 +496,8 @@ def draft_config(vllm_config):
 
 
 def worker_init(vllm_config) -> None:
-    """gpu_worker.init_worker_distributed_environment, simulated collectives."""
+    """A worker starting: gpu_worker.init_worker_distributed_environment
+    (simulated collectives), then ``load_models``."""
     import vllm.distributed.parallel_state as ps
     import vllm.v1.worker.gpu_worker as gw
 
@@ -511,6 +512,24 @@ def worker_init(vllm_config) -> None:
     gw.init_distributed_environment = init_dist
     gw.ensure_model_parallel_initialized = ensure_mp
     gw.init_worker_distributed_environment(vllm_config, rank=0, local_rank=0)
+    load_models(vllm_config)
+
+
+def load_models(vllm_config) -> None:
+    """The worker's REAL ``Worker.load_model`` (gpu_worker.py) up to what
+    follows loading the weights: the model runner's ``load_model`` (target
+    and drafter) is a no-op here, and the CUDA allocator settings and sleep
+    mode memory pool it scopes are simulated (no-ops)."""
+    import contextlib
+
+    from vllm.v1.worker.gpu_worker import Worker
+
+    worker = Worker.__new__(Worker)
+    worker.vllm_config = vllm_config
+    worker.model_runner = types.SimpleNamespace(load_model=lambda **kwargs: None)
+    worker._scoped_allocator_max_split = lambda **kwargs: contextlib.nullcontext()
+    worker._maybe_get_memory_pool_context = lambda tag: contextlib.nullcontext()
+    worker.load_model()
 
 
 def fusion_pass(vllm_config):
@@ -811,8 +830,8 @@ def creation_failure(where="local", tp=2, capability=90, backend="trtllm"):
     fails = "local_fails" if where == "local" else "peer_fails"
     out = {}
     new_process(tp)
-    worker_init(cfg)
     _state[fails] = 1
+    worker_init(cfg)
     passes = [fusion_pass(cfg), fusion_pass(draft_config(cfg))]
     out["cold"] = {
         "attempts": _state["attempts"],
@@ -820,8 +839,8 @@ def creation_failure(where="local", tp=2, capability=90, backend="trtllm"):
         "workspace": fiar._fi_ar_workspace is not None,
     }
     new_process(tp)
-    worker_init(cfg)
     _state[fails] = 1
+    worker_init(cfg)
     calls = [_fused_call(plans["target"]) for _ in range(3)]
     out["warm"] = {
         "attempts": _state["attempts"],
@@ -841,12 +860,17 @@ def capture_first_use(tp=2, capability=90, backend="trtllm"):
     plan = compile_plan(cfg, fusion_pass(cfg))
     new_process(tp)
     worker_init(cfg)
+    before = _state["attempts"], _state["collectives"]
     _state["capturing"] = True
     try:
         call = _fused_call(plan)
     finally:
         _state["capturing"] = False
-    return {"call": call, "attempts": _state["attempts"], "collectives": _state["collectives"]}
+    return {
+        "call": call,
+        "attempts_in_capture": _state["attempts"] - before[0],
+        "collectives_in_capture": _state["collectives"] - before[1],
+    }
 
 
 def drafter_pass_collected(tp=2, capability=90, backend="trtllm"):
@@ -890,7 +914,7 @@ def teardown_tp_group() -> None:
     comm.destroy()
 
 
-def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False):
+def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False, teardown=True):
     """Two engines one after the other in one process (external_launcher /
     torchrun): engine 1 runs, is torn down (the TP group's communicator is
     destroyed), and engine 2, wider, starts.  Engine 1's pass objects are
@@ -899,11 +923,12 @@ def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False):
     ``first_fails`` engine 1's workspace creation failed."""
     setup(tp, 90, "trtllm")
     cfg1 = engine_config(first_hidden, None, tp, 8192)
-    worker_init(cfg1)
     _state["local_fails"] = 1 if first_fails else 0
+    worker_init(cfg1)
     plan1 = compile_plan(cfg1, fusion_pass(cfg1))
     first = forward_all(plan1, 8192) if plan1["fused_ranges"] else {}
-    teardown_tp_group()
+    if teardown:
+        teardown_tp_group()
     destroyed = len(_state["destroyed"])
     _state["created"].clear()
     _state["kernel_calls"].clear()
@@ -947,6 +972,7 @@ def suite() -> dict:
         "drafter_collected": (drafter_pass_collected, {}),
         "two_engines": (two_engines, {}),
         "two_engines_first_failed": (two_engines, {"first_fails": True}),
+        "two_engines_no_teardown": (two_engines, {"teardown": False}),
     }
     out = {}
     for name, (fn, kwargs) in cases.items():

@@ -33,10 +33,11 @@ What is simulated, and only that (there is no GPU here):
   "unfused" fallback instead of a kernel launch.
 * The device: ``current_platform.is_cuda()`` is True and
   ``get_device_capability()`` returns the SM version of the case.
-* The engine configuration given to the workspace plan of bug A
-  (``set_fi_ar_workspace_shape``): an object carrying only the fields that
-  the REAL planning methods of ``VllmConfig`` read (target/draft width, dtype,
-  TP size, ``max_num_batched_tokens``, a real ``PassConfig``).
+* The engine configuration given to bug A's workspace sizing
+  (``get_fi_ar_workspace_shape``): an object carrying only the fields it
+  reads (target/draft width, dtype, TP size, ``max_num_batched_tokens``, a
+  real ``PassConfig``).  The other ranks' answer to the creation agreement
+  all-reduce is "created" (``dist`` stand-in); no CUDA graph is captured.
 * vLLM's compiled ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``.
 """
 
@@ -175,6 +176,12 @@ def _install_simulation() -> dict[str, Any]:
 
     group = types.SimpleNamespace(name="tp-cpu-group")
     vfi.TorchDistBackend = _SimCommBackend
+    # the other ranks agree (patch 0002's creation all-reduce); no capture
+    vfi.dist = types.SimpleNamespace(
+        all_reduce=lambda tensor, op=None, group=None: None,
+        ReduceOp=types.SimpleNamespace(MIN="min"),
+    )
+    torch.cuda.is_current_stream_capturing = lambda: False
     vfi.get_node_count = lambda: 1
     if hasattr(vfi, "_node_count"):  # v0.33.0+: a single node is simulated
         vfi._node_count = lambda group: 1
@@ -226,59 +233,49 @@ class _Unfused(Exception):
 
 
 def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None):
-    """Plan the workspace the tree's way.
+    """Plan and create the workspace the tree's way.
 
-    Returns ``(per-width max_token_num passed to the op, planned shape or None)``.
-    With the bug-A planning API (``set_fi_ar_workspace_shape``) the REAL planning
-    methods of ``VllmConfig`` run on a stand-in engine configuration holding the
-    fields they read (target and draft width, dtype, TP size, token limit and a
-    real ``PassConfig``).  Without it (pristine v0.27.1) each model's pass
-    computes its own ``max_token_num`` from its own width (the pass formula).
+    Returns ``(per-width max_token_num passed to the op, workspace shape or
+    None)``.  Each model's pass bakes its own ``max_token_num`` (the pass
+    formula).  With patch 0002 the worker first creates the workspace with
+    the REAL ``get_fi_ar_workspace_shape`` of an engine configuration holding
+    the fields it reads (target and draft width, dtype, TP size, token limit,
+    a real ``PassConfig``), as ``init_fi_ar_workspace`` does; without it
+    (pristine v0.27.1) the first op call creates it with its own shape.
     """
-    st = _STATE
-    vfi = st["vfi"]
-    from vllm.config import VllmConfig
+    vfi = _STATE["vfi"]
     from vllm.config.compilation import PassConfig
 
     pass_config = PassConfig(fi_allreduce_fusion_max_size_mb=budget_mb)
-    if hasattr(vfi, "set_fi_ar_workspace_shape"):
-        target, draft = widths[0], (widths[1] if len(widths) > 1 else None)
-
-        def _model(h):
-            return types.SimpleNamespace(get_hidden_size=lambda: h, dtype=dtype)
-
-        parallel = types.SimpleNamespace(tensor_parallel_size=tp)
-        spec = None
-        if draft is not None:
-            spec = types.SimpleNamespace(
-                target_model_config=_model(target),
-                target_parallel_config=parallel,
-                draft_model_config=_model(draft),
-                draft_parallel_config=parallel,
-            )
-
-        class _EngineConfig:
-            get_tp_group_max_hidden_size = VllmConfig.get_tp_group_max_hidden_size
-            get_fi_allreduce_fusion_workspace_shape = (
-                VllmConfig.get_fi_allreduce_fusion_workspace_shape
-            )
-
-        cfg = _EngineConfig()
-        cfg.model_config = _model(target)
-        cfg.speculative_config = spec
-        cfg.parallel_config = parallel
-        cfg.compilation_config = types.SimpleNamespace(pass_config=pass_config)
-        cfg.scheduler_config = types.SimpleNamespace(max_num_batched_tokens=limit)
-        vfi._fi_ar_workspace_shape = None
-        shape = vfi.set_fi_ar_workspace_shape(cfg)
-        if shape is None:
-            return None, None
-        return {h: shape[0] for h in widths}, shape
     max_size = pass_config.flashinfer_max_size(tp)
     if max_size is None:
         return None, None
-    elem = dtype.itemsize
-    return {h: min(max_size // (h * elem), limit) for h in widths}, None
+    per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
+    if not hasattr(vfi, "get_fi_ar_workspace_shape"):
+        return per_width, None
+
+    def _model(h):
+        return types.SimpleNamespace(get_hidden_size=lambda: h, dtype=dtype)
+
+    target = _model(widths[0])
+    spec = None
+    if len(widths) > 1:
+        spec = types.SimpleNamespace(
+            target_model_config=target, draft_model_config=_model(widths[1])
+        )
+    cfg = types.SimpleNamespace(
+        model_config=target,
+        speculative_config=spec,
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=tp),
+        compilation_config=types.SimpleNamespace(pass_config=pass_config),
+        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=limit),
+    )
+    shape = vfi.get_fi_ar_workspace_shape(cfg)
+    vfi.get_fi_ar_workspace(
+        world_size=tp, rank=0, max_token_num=shape[0], hidden_dim=shape[1], dtype=dtype,
+        group=_STATE["group"],
+    )  # fmt: skip
+    return per_width, shape
 
 
 def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
@@ -312,7 +309,7 @@ def _tree_abstains_on_mnnvl() -> bool:
     import inspect
 
     select = _STATE["arf"]._select_flashinfer_allreduce_use_oneshot
-    if len(inspect.signature(select).parameters) != 4:
+    if list(inspect.signature(select).parameters)[0] != "workspace_backend":
         return False
     return select("mnnvl", 90, 8, 1) is None
 
@@ -579,6 +576,7 @@ def property_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "unfused": sum(r["policy"]["unfused"] or 0 for r in results),
         "as_shipped_unfused": sum(r["as_shipped"]["unfused"] or 0 for r in results),
         "failing_examples": [r for r in results if r["policy"]["failures"]][:5],
+        "as_shipped_failing": [r["case"] for r in results if r["as_shipped"]["failures"]],
     }
 
 
