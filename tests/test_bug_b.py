@@ -183,3 +183,24 @@ def test_property_after_always_fits(property_after):
     assert r["as_shipped_failing_cases"] == 0, r
     # with the plan of bug A and a servable strategy, nothing falls back
     assert r["unfused"] == 0 and r["as_shipped_unfused"] == 0, r
+
+
+# The standalone FlashInfer all-reduce (VLLM_ALLREDUCE_USE_FLASHINFER=1) on
+# MNNVL, SM90 TP8: Qwen3-14B (5120) with a Qwen3-8B draft (4096), 16 tokens.
+# The shared workspace reserves one-shot room for 12 rows of 5120; a 4096-wide
+# input of 16 tokens is 1 MiB, which FlashInfer's AUTO sends one-shot.
+STANDALONE_NARROW = dict(
+    target_hidden=5120, draft_hidden=4096, tp=8, capability=90,
+    max_num_batched_tokens=16, backend="mnnvl",
+)  # fmt: skip
+
+
+def test_standalone_narrower_input_fits():
+    """Runs tests/scenarios/bug_a.py:standalone (FlashInferAllReduce's real
+    should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks)."""
+    before = run_scenario(tree_before(PATCH), "bug_a:standalone", **STANDALONE_NARROW)
+    after = run_scenario(tree_after(PATCH), "bug_a:standalone", **STANDALONE_NARROW)
+    assert before.get("error") == "ValueError", before
+    assert "insufficient" in before["message"], before["message"]
+    assert "error" not in after, after
+    assert 16 in after["accepted"]["draft"] and 16 in after["accepted"]["target"]

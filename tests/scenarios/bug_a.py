@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import types
 from typing import Any
@@ -478,6 +479,7 @@ def engine_config(
         speculative_config=spec,
         scheduler_config=SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=min(128, max(1, max_num_batched_tokens // 4)),
             max_model_len=max_model_len,
             is_encoder_decoder=False,
         ),
@@ -517,16 +519,23 @@ def worker_init(vllm_config) -> None:
 
 def load_models(vllm_config) -> None:
     """The worker's REAL ``Worker.load_model`` (gpu_worker.py) up to what
-    follows loading the weights: the model runner's ``load_model`` (target
-    and drafter) is a no-op here, and the CUDA allocator settings and sleep
-    mode memory pool it scopes are simulated (no-ops)."""
+    follows loading the weights: the model runner's ``load_model`` only
+    counts the torch.compile'd models it would build (target, drafter), as
+    their constructors do, and the CUDA allocator settings and sleep mode
+    memory pool it scopes are simulated (no-ops)."""
     import contextlib
 
+    from vllm.compilation.counter import compilation_counter
     from vllm.v1.worker.gpu_worker import Worker
+
+    def load_model(**kwargs):
+        # each torch.compile'd model (target, drafter) counts itself when built
+        models = 1 + (vllm_config.speculative_config is not None)
+        compilation_counter.num_models_seen += models
 
     worker = Worker.__new__(Worker)
     worker.vllm_config = vllm_config
-    worker.model_runner = types.SimpleNamespace(load_model=lambda **kwargs: None)
+    worker.model_runner = types.SimpleNamespace(load_model=load_model)
     worker._scoped_allocator_max_split = lambda **kwargs: contextlib.nullcontext()
     worker._maybe_get_memory_pool_context = lambda tag: contextlib.nullcontext()
     worker.load_model()
@@ -1175,3 +1184,201 @@ def bench(configs: list[dict]) -> list[dict]:
             new_process()
         out.append(row)
     return out
+
+
+# --------------------------------------------------------------------------
+# sweep (scripts/sweep_workspace.py): many configurations, one interpreter
+# --------------------------------------------------------------------------
+def _strategy_fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
+    """FlashInfer's own check of an (n, hidden) request against ``ws``, with
+    the strategy the tree requests (the fused op's one-shot selection; the
+    standalone all-reduce passes none, i.e. FlashInfer's AUTO)."""
+    import inspect
+
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+    from flashinfer.comm.trtllm_ar import check_trtllm_allreduce_fusion_workspace_metadata
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy as S
+
+    if ws.backend == "trtllm":
+        try:
+            check_trtllm_allreduce_fusion_workspace_metadata(n, hidden, tp, dtype, ws.metadata)
+        except ValueError:
+            return False
+        return True
+    select = arf._select_flashinfer_allreduce_use_oneshot
+    size = n * hidden * dtype.itemsize
+    if standalone:  # FlashInferAllReduce.all_reduce's request
+        fiar = sys.modules["vllm.distributed.device_communicators.flashinfer_all_reduce"]
+        own = getattr(fiar, "fi_ar_mnnvl_use_oneshot", None)
+        use_oneshot = None if own is None else own(ws, size * tp)
+    elif list(inspect.signature(select).parameters)[0] == "workspace_backend":
+        use_oneshot = select(ws.backend, _state["capability"], tp, size)
+    else:
+        use_oneshot = select(ws, _state["capability"], tp, size * tp)
+    strategy = (
+        S.select_strategy(tp, n, hidden, dtype)
+        if use_oneshot is None
+        else (S.ONESHOT if use_oneshot else S.TWOSHOT)
+    )
+    return ws.is_buffer_size_sufficient(tp, n, hidden, dtype, strategy)
+
+
+def _samples(top: int, tp: int, widths, elem=2) -> list[int]:
+    """Token counts worth checking up to ``top``: the ends, around the TP
+    split and around every width's MNNVL one-shot boundary."""
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVL_ONE_SHOT_THRESHOLD
+
+    ns = {1, 2, tp - 1, tp, tp + 1, top - 1, top}
+    for h in widths:
+        b = MNNVL_ONE_SHOT_THRESHOLD // (tp * elem * h)
+        ns |= {b - 1, b, b + 1, b + 2}
+    return sorted(n for n in ns if 1 <= n <= top)
+
+
+class _Probe:
+    """What FlashInferAllReduce.should_use_fi_ar reads of an input tensor."""
+
+    def __init__(self, n, h, dtype):
+        self.shape, self.dtype, self.is_cuda = (n, h), dtype, True
+        self.nbytes = n * h * dtype.itemsize
+
+    def is_contiguous(self):
+        return True
+
+
+def sweep(configs: list[dict]) -> list[dict]:
+    """Per configuration (target/draft width, TP, SM, backend, token limit,
+    standalone all-reduce on/off), in cold and warm creation order: does
+    every request the engine makes fit the workspace it gets (FlashInfer's
+    own validators)?  Also: each model's largest fused token count and the
+    workspace bytes per rank.  Everything vLLM does is the tree's real code;
+    SIMULATED as in the module docstring, and here also: pattern
+    registration of the fusion pass is skipped (it does not size anything),
+    and standalone inputs are shape probes (no tensor data)."""
+    setup(2, 90, "trtllm")  # before importing vLLM's compilation modules
+    import torch
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+    from vllm.config import set_current_vllm_config
+
+    # register_patterns() ends by enabling the pass; keep only that
+    arf.AllReduceFusionPass.register_patterns = lambda self: setattr(self, "disabled", False)
+    out = []
+    engines: dict[tuple, Any] = {}
+    for c in configs:
+        t, d, tp, cap, b = (c[k] for k in ("target", "draft", "tp", "capability", "tokens"))
+        os.environ["VLLM_ALLREDUCE_USE_FLASHINFER"] = "1" if c["standalone"] else "0"
+        setup(tp, cap, c["backend"])
+        row: dict[str, Any] = {"config": c}
+        key = (t, d, tp, cap, b)
+        if key not in engines:
+            cfg = engine_config(t, d, tp, b)
+            engines[key] = (cfg, draft_config(cfg) if d is not None else None)
+        cfg, dcfg = engines[key]
+        models = {"target": (cfg, t)}
+        if dcfg is not None:
+            models["draft"] = (dcfg, d)
+        widths = sorted({h for _, h in models.values()})
+        plans: dict[str, dict] = {}
+        for order in ("cold", "warm"):
+            new_process(tp)
+            bad: list[str] = []
+            try:
+                worker_init(cfg)
+                comm = None
+                if c["standalone"]:
+                    with set_current_vllm_config(cfg):
+                        comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
+                    if order == "warm":  # a standalone all-reduce runs first
+                        comm.should_use_fi_ar(_Probe(1, t, torch.bfloat16))
+                if order == "cold":
+                    plans = {k: compile_plan(mc, fusion_pass(mc)) for k, (mc, _) in models.items()}
+                elif plans["target"]["fused_ranges"]:
+                    forward(plans["target"], 1)  # the target's compiled op
+                ws = fiar._fi_ar_workspace
+                for k, (_, h) in models.items():
+                    fused = plans[k]["fused_ranges"]
+                    top = fused[-1][1] if fused else 0
+                    for n in _samples(top, tp, widths):
+                        if ws is None or not _strategy_fits(ws, n, h, tp, torch.bfloat16):
+                            bad.append(f"{k}:{n}x{h}")
+                    for n in _samples(b, tp, widths) if comm is not None else []:
+                        probe = _Probe(n, h, torch.bfloat16)
+                        if comm.should_use_fi_ar(probe) and not _strategy_fits(
+                            fiar._fi_ar_workspace, n, h, tp, torch.bfloat16, standalone=True
+                        ):
+                            bad.append(f"standalone:{n}x{h}")
+            except Exception as e:  # noqa: BLE001
+                bad.append(f"{type(e).__name__}: {str(e)[:120]}")
+            row[order] = {"bad": bad[:3], "crash": bool(bad), "bytes": _all_workspace_bytes()}
+        row["fused_top"] = {
+            k: (p["fused_ranges"][-1][1] if p["fused_ranges"] else 0) for k, p in plans.items()
+        }
+        row["min_bytes"] = _min_bytes(models, plans, widths, tp, c["backend"])
+        out.append(row)
+    return out
+
+
+def _min_bytes(models, plans, widths, tp, backend) -> int | None:
+    """The smallest FlashInfer workspace (FlashInfer's real workspace classes
+    and validators, as wide as the widest model) that holds every model's
+    requests up to its fused range, with the strategy this tree requests."""
+    import torch
+
+    need = []
+    for k, (_, h) in models.items():
+        fused = plans[k]["fused_ranges"]
+        if fused:
+            need += [(n, h) for n in _samples(fused[-1][1], tp, widths)]
+    if not need:
+        return None
+    hidden = max(widths)
+    lo, hi = 1, max(-(-n * h // hidden) for n, h in need) * 2 + tp
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ws = make_workspace(backend, tp, 0, mid, hidden, torch.bfloat16)
+        _state["created"].pop()
+        if all(_strategy_fits(ws, n, h, tp, torch.bfloat16) for n, h in need):
+            hi = mid
+        else:
+            lo = mid + 1
+    ws = make_workspace(backend, tp, 0, lo, hidden, torch.bfloat16)
+    _state["created"].pop()
+    return _ws_bytes(ws)
+
+
+# --------------------------------------------------------------------------
+# measurement (scripts/bench_fused_op.py): the fused op's own Python cost
+# --------------------------------------------------------------------------
+def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2048) -> dict:
+    """Seconds per call of the REAL ``call_trtllm_fused_allreduce_norm`` body
+    (workspace lookup, one-shot selection, argument handling), best of
+    ``repeats`` runs of ``calls`` calls.  FlashInfer's ``allreduce_fusion``
+    is replaced by a no-op so that only vLLM's code is timed; the workspace
+    is the engine's (simulated as in the module docstring)."""
+    import time
+
+    import torch
+
+    setup(2, 90, backend)
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+
+    cfg = engine_config(hidden, None, 2, 8192)
+    worker_init(cfg)
+    plan = compile_plan(cfg, fusion_pass(cfg))
+    arf.flashinfer_comm.allreduce_fusion = lambda **kwargs: None
+    x = torch.zeros(num_tokens, hidden, dtype=torch.bfloat16)
+    res, gamma = torch.zeros_like(x), torch.ones(hidden, dtype=torch.bfloat16)
+    code = arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm
+    kwargs = dict(
+        allreduce_in=x, residual=res, rms_gamma=gamma, rms_eps=1e-6, pattern_code=code,
+        **plan["op_kwargs"],
+    )  # fmt: skip
+    op = arf.call_trtllm_fused_allreduce_norm
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            op(**kwargs)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return {"backend": backend, "seconds_per_call": best, "calls": calls, "repeats": repeats}

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Per-call Python cost of vLLM's fused all-reduce + RMSNorm op, v0.27.1 (the
+tree before patch 0002) next to the patched series, in one run.
+
+Each tree's REAL ``call_trtllm_fused_allreduce_norm`` runs in its own
+subprocess (tests/scenarios/bug_a.py:op_overhead) with FlashInfer's launch
+replaced by a no-op, so the figure is vLLM's own per-call overhead in eager
+mode (with CUDA graphs the op's Python runs only at capture).  Rounds
+alternate between the trees; the best round of each is printed.
+
+    build/venv/bin/python scripts/bench_fused_op.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
+
+PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from common import read_series
+    from harness import run_scenario, tree_after, tree_before
+
+    trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
+    for backend in ("trtllm", "mnnvl"):
+        best = {k: float("inf") for k in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                r = run_scenario(tree, "bug_a:op_overhead", backend=backend)
+                if "error" in r:
+                    raise SystemExit(f"{name}: {r}")
+                best[name] = min(best[name], r["seconds_per_call"])
+        us = {k: v * 1e6 for k, v in best.items()}
+        print(
+            f"{backend:6}  v0.27.1 {us['v0.27.1']:.3f} us/call   patched "
+            f"{us['patched']:.3f} us/call   added {us['patched'] - us['v0.27.1']:+.3f} us"
+        )
+
+
+if __name__ == "__main__":
+    main()
