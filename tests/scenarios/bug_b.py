@@ -261,7 +261,9 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     spec = None
     if len(widths) > 1:
         spec = types.SimpleNamespace(
-            target_model_config=target, draft_model_config=_model(widths[1])
+            target_model_config=target,
+            draft_model_config=_model(widths[1]),
+            uses_draft_model=lambda: True,  # a draft model (method="draft_model")
         )
     cfg = types.SimpleNamespace(
         model_config=target,
