@@ -9,12 +9,12 @@ fusion pass uses) with the one-shot and the two-shot strategy forced, for a
 sweep of token counts, and reports the largest token count for which one-shot
 is still faster, converted to the unit vLLM's patched thresholds use:
 
-    one-shot bytes = num_tokens * hidden_size * element_size * world_size
+    all-reduce bytes = num_tokens * hidden_size * element_size * world_size
 
-(what one rank's one-shot buffer must hold).  That number is what belongs in
-``_FI_MNNVL_ONE_SHOT_MAX_BYTES`` (MNNVL; FlashInfer's default is
-``MNNVL_ONE_SHOT_THRESHOLD`` = 1 MiB) or ``_FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB``
-(TRT-LLM) in vllm/compilation/passes/fusion/allreduce_rms_fusion.py.  The
+(what one rank's one-shot buffer must hold).  That number is what to compare
+with FlashInfer's ``MNNVL_ONE_SHOT_THRESHOLD`` (1 MiB; patch 0003 uses it on
+MNNVL) or with ``_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB`` x world_size (TRT-LLM)
+in vllm/compilation/passes/fusion/allreduce_rms_fusion.py.  The
 script also prints the per-rank MNNVL buffer FlashInfer needs to serve one-shot
 up to that size (``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``),
 so the memory cost of a larger threshold is visible.

@@ -64,23 +64,28 @@ IMPORT_DATE = "2000-01-01T00:00:00+00:00"
 CLAIMS: dict[str, list[str]] = {
     "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
         "Warm starts (AOT compile cache) with a draft model wider than the target "
-        "at TP > 1 no longer die in FlashInfer's workspace validation: the "
-        "workspace is planned from the engine config before any creation path "
-        "runs, so the lazy creation in the fused op uses the planned size.",
-        "A workspace smaller than the plan is never reused silently; a shape "
-        "the workspace cannot hold runs the unfused all-reduce + RMSNorm.",
-        "The compile-range endpoint and the fusion pass use the same (widest) "
-        "width, so fusion stays on for target and drafter.",
-        "No extra memory unless the draft is wider than the target (then the "
-        "same as vllm#52193's cold start).",
+        "at TP > 1 no longer die in FlashInfer's workspace validation: the worker "
+        "creates the workspace once, for every model of the TP group, right after "
+        "loading them, so no lazy path (fused op, quant workspace, standalone "
+        "all-reduce) sizes it and none creates it during CUDA graph capture.",
+        "Creation is collective: attempted once per process group, with every "
+        "rank agreeing on the outcome (MIN all-reduce), so either all ranks fuse "
+        "or none does.",
+        "A collected fusion pass (e.g. the drafter's) no longer frees the shared "
+        "workspace; the TP group's communicator releases it at teardown, so a "
+        "second engine in the process gets its own.",
+        "Each model fuses up to its own token limit again, as the compile ranges "
+        "assume (with vllm#52193 a narrower target fused nothing when the budget "
+        "limits tokens); memory grows only when the draft is wider (vllm#52193's "
+        "size, one more row where the budget limits tokens).",
     ],
     "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch": [
         "Every one-shot threshold and the workspace capacity it is checked "
         "against are in one unit, stated in the code: num_tokens * hidden * "
         "element size * world size.",
-        "vLLM requests the all-reduce strategy itself on MNNVL (FlashInfer's "
-        "1 MiB rule) instead of deferring to AUTO, capped by the one-shot "
-        "capacity of the workspace it goes to: a request can no longer exceed "
+        "vLLM's fused all-reduce requests the strategy itself on MNNVL "
+        "(FlashInfer's 1 MiB rule) instead of deferring to AUTO, capped by the "
+        "one-shot buffer of the workspace it goes to: a request can no longer exceed "
         "the allocation (MNNVL TP8 with a 6144-wide target and a 4096-wide "
         "draft raises on v0.33.0 and runs two-shot with this change).",
         "TRT-LLM decisions are unchanged (vLLM's table, converted); no memory "

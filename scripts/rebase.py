@@ -97,9 +97,9 @@ CHECKS: dict[str, list[Check]] = {
     "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
         Check(
             "bug_a:warm_start",
-            "warm start (AOT cache: no pass built, workspace created lazily in the "
-            "fused op) of the seed config, TP2 SM90, target 2048 / draft 2560, "
-            "runs fused without the workspace-validation ValueError",
+            "warm start (AOT cache: no fusion pass is built) of the seed config, "
+            "TP2 SM90, target 2048 / draft 2560: the worker loads both models and "
+            "both run fused, without the workspace-validation ValueError",
             verdict(lambda r: True, "ValueError", "exceeds workspace max_token_num"),
         )
     ],

@@ -100,19 +100,24 @@ def test_flashinfer_pin_is_absorbed_detected_by_its_scenario(report):
 
 
 def test_bug_a_conflicts_with_upstreams_partial_fix(report):
-    """vllm#52193 changed the same lines of the pass __init__, and v0.33.0's
-    flashinfer_all_reduce.py moved on: the failed hunks are listed, and the
-    warm-start check is red on pristine v0.33.0 (not absorbed)."""
+    """v0.33.0's flashinfer_all_reduce.py moved on (per-group backend
+    resolution, standalone sizing, failure latches), CudaCommunicator gained
+    the PCIe IPC all-reduce and the worker's imports and load_model changed:
+    the failed hunks are listed, and the warm-start check is red on pristine
+    v0.33.0 (not absorbed)."""
     rec = _record(report, BUG_A)
     assert rec["status"] == "conflicts"
+    fi_ar = "vllm/distributed/device_communicators/flashinfer_all_reduce.py"
     files = {h["file"] for h in rec["hunks"]}
-    assert "vllm/compilation/passes/fusion/allreduce_rms_fusion.py" in files
-    assert "vllm/distributed/device_communicators/flashinfer_all_reduce.py" in files
+    assert fi_ar in files
     for h in rec["hunks"]:
         assert h["hunk"] >= 1 and h["line"] >= 1 and h["header"].startswith("@@ ")
+    assert fi_ar in rec["merge_conflicts"]
     assert set(rec["merge_conflicts"]) <= {
         "vllm/compilation/passes/fusion/allreduce_rms_fusion.py",
-        "vllm/distributed/device_communicators/flashinfer_all_reduce.py",
+        "vllm/distributed/device_communicators/cuda_communicator.py",
+        fi_ar,
+        "vllm/v1/worker/gpu_worker.py",
     }
     for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
         assert "<<<<<<< target tag" in (report["_out"] / "conflicts" / BUG_A / path).read_text()
@@ -125,12 +130,13 @@ def test_bug_b_classification(report):
     if BUG_B not in read_series():
         pytest.skip("patch 0003 is not in patches/series yet")
     rec = _record(report, BUG_B)
-    # 0003 builds on 0002 (it edits the test file 0002 adds), which does not
-    # apply as is: it cannot apply alone either
+    # 0003 builds on 0002 (its hunks sit next to what 0002 changes), which
+    # does not apply as is: it cannot apply alone either, and it conflicts
+    # only in files 0002 touches
     assert rec["status"] == "conflicts", rec
     assert BUG_A in rec["after_uncarried"], rec
-    workspace_test = "tests/compile/passes/distributed/test_fusion_all_reduce_workspace.py"
-    assert rec["merge_conflicts"].get(workspace_test) == 1, rec["merge_conflicts"]
+    assert rec["merge_conflicts"], rec
+    assert set(rec["merge_conflicts"]) <= set(rec["after_uncarried"][BUG_A]), rec
     # not absorbed: the narrower-draft case still fails as shipped in v0.33.0
     (check,) = rec["checks"]
     assert check["target"]["passed"] is False, check
@@ -269,15 +275,32 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
 
 
 def test_port_of_bug_a_keeps_upstreams_fix_and_adds_the_rest():
-    """Only what v0.33.0 lacks: the width helper of vllm#52193 moves into
-    VllmConfig (so the compile-range endpoint can use it), the plan is made
-    at worker init (warm start), the getters check sizes."""
-    text = (PORT / BUG_A).read_text()
-    assert "-def _fused_ar_workspace_hidden_dim(config: VllmConfig) -> int:" in text
-    assert "+    def get_tp_group_max_hidden_size(self) -> int:" in text
-    assert "+        set_fi_ar_workspace_shape(vllm_config)" in text  # gpu_worker
-    assert "+def _checked_existing_workspace(" in text
+    """Only what v0.33.0 lacks, on top of vllm#52193: its width helper and
+    its tests stay, the workspace shape is built on the helper, the worker
+    creates the workspace after loading the models (warm start), creation is
+    rank-agreed and latched per group, and the pass no longer frees it."""
+    texts = {name: (PORT / name).read_text() for name in PORTED}
+    text = texts[BUG_A]
+    for t in texts.values():  # upstream's helper and its tests are kept
+        assert "-def _fused_ar_workspace_hidden_dim(" not in t
+        assert "-def test_fused_ar_workspace_hidden_dim" not in t
+    assert "+def get_fi_ar_workspace_shape(" in text
+    assert "+    hidden_dim = _fused_ar_workspace_hidden_dim(vllm_config)" in text
+    # the worker creates it after loading the models (gpu_worker.py)
+    assert "+        init_fi_ar_workspace(\n+            self.vllm_config," in text
+    assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in text
+    assert "_fi_ar_workspace_failed is group" in text
+    assert "-    def __del__(self) -> None:" in text
+    assert "+        destroy_fi_ar_workspace(self.cpu_group)" in text  # teardown
     assert "Fixes: https://github.com/vllm-project/vllm/issues/52023" in text
+    assert re.search(r"^Forwarded: no$", text, re.M)
+    tree = port_tree()
+    pass_src = (tree / "vllm/compilation/passes/fusion/allreduce_rms_fusion.py").read_text()
+    assert "def _fused_ar_workspace_hidden_dim(config: VllmConfig) -> int:" in pass_src
+    assert "def __del__" not in pass_src
+    test_src = (tree / "tests/compile/passes/distributed/test_fusion_all_reduce.py").read_text()
+    assert "def test_fused_ar_workspace_hidden_dim(" in test_src
+    assert "def test_fused_ar_workspace_hidden_dim_spec_without_draft(" in test_src
 
 
 # -- red on pristine v0.33.0, green on the port ------------------------------------------
@@ -317,10 +340,11 @@ INSUFFICIENT = "The buffer size in the given workspace is insufficient"
 
 @needs_b
 def test_bug_b_narrower_draft_red_before_green_on_port(report):
-    """MNNVL TP8, workspace planned at 6144, 4096-wide tensors: FlashInfer's
+    """MNNVL TP8, workspace created at 6144, 4096-wide tensors: FlashInfer's
     AUTO asks one-shot for 16 tokens (1048576 bytes > 983040 reserved).
-    Pristine v0.33.0 raises (the rebase report ran it), with the ported 0002
-    the op falls back to unfused, with the port vLLM requests two-shot."""
+    Pristine v0.33.0 raises (the rebase report ran it), so does the ported
+    0002 alone (the worker creates the 6144-wide workspace), with the port
+    vLLM requests two-shot."""
     (check,) = _record(report, BUG_B)["checks"]
     pristine = check["target"]["result"]
     assert pristine["failures"] == 1, pristine
@@ -330,7 +354,10 @@ def test_bug_b_narrower_draft_red_before_green_on_port(report):
         lambda: run_scenario(port_before(BUG_B), "bug_b:run_case", **case),
         lambda: run_scenario(port_tree(BUG_B), "bug_b:run_case", **case),
     )
-    assert "error" not in before and before["failures"] + before["unfused"] == 1, before
+    assert "error" not in before, before
+    assert (before["failures"], before["unfused"]) == (1, 0), before
+    assert INSUFFICIENT in before["failure_examples"][0]["error"], before
+    assert before["planned_shape"] == [16, 6144], before  # created by 0002's sizing
     assert "error" not in after, after
     assert (after["failures"], after["unfused"]) == (0, 0), after
     assert after["oneshot_tokens"]["4096"] == [[1, 15]]
