@@ -287,7 +287,7 @@ def test_port_of_bug_a_keeps_upstreams_fix_and_adds_the_rest():
     assert "+def get_fi_ar_workspace_shape(" in text
     assert "+    hidden_dim = _fused_ar_workspace_hidden_dim(vllm_config)" in text
     # the worker creates it after loading the models (gpu_worker.py)
-    assert "+        init_fi_ar_workspace(\n+            self.vllm_config," in text
+    assert "+            init_fi_ar_workspace(self.vllm_config, compiled)" in text
     assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in text
     assert "_fi_ar_workspace_failed is group" in text
     assert "-    def __del__(self) -> None:" in text
