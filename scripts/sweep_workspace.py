@@ -46,7 +46,7 @@ DRAFTS = {
     "Qwen3-0.6B": 1024, "Qwen3-1.7B": 2048, "Qwen3-4B": 2560, "Qwen3-8B": 4096,
     "Llama-3.2-1B": 2048, "Llama-3.2-3B": 3072, "Llama-3.1-8B": 4096, "gpt-oss-20b": 2880,
 }  # fmt: skip
-FAMILY = {"Qwen3": "Qwen3", "Llama": "Llama", "gpt-oss": "gpt-oss"}
+FAMILIES = ("Qwen3", "Llama", "gpt-oss")
 
 
 def pairs() -> list[tuple[str, int, str | None, int | None]]:
@@ -55,7 +55,7 @@ def pairs() -> list[tuple[str, int, str | None, int | None]]:
     out = []
     for t, th in TARGETS.items():
         out += [(t, th, None, None), (t, th, "eagle", th)]
-        fam = next((f for f in FAMILY if t.startswith(f)), None)
+        fam = next((f for f in FAMILIES if t.startswith(f)), None)
         out += [(t, th, d, dh) for d, dh in DRAFTS.items() if fam and d.startswith(fam) and d != t]
     return out
 
@@ -100,13 +100,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="only the first N configurations")
     args = ap.parse_args()
+    from common import read_series
     from harness import tree_after, tree_before
 
     cfgs = configs()[: args.limit]
-    trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(PATCH)}
-    from common import read_series
-
-    trees["patched"] = tree_after(read_series()[-1])
+    trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futs = {k: pool.submit(run, t, cfgs) for k, t in trees.items()}
         res = {k: f.result() for k, f in futs.items()}

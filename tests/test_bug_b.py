@@ -86,8 +86,9 @@ def test_narrower_model_gets_a_strategy_the_workspace_holds():
     """The workspace is planned at the widest model (6144): FlashInfer reserves
     one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows = 983040 bytes.  For
     the 4096-wide model at N = 16, FlashInfer's AUTO (1 MiB rule) asks for
-    one-shot, 1048576 bytes: on v0.27.1 that raises, with bug A's plan the op
-    falls back to the unfused path.  After the patch vLLM requests two-shot."""
+    one-shot, 1048576 bytes: FlashInfer raises (with a 16-token limit the
+    buffer holds no more than that one-shot room).  After the patch vLLM
+    requests two-shot."""
     before = run_scenario(tree_before(PATCH), "bug_b:run_case", **NARROW_DRAFT)
     after = run_scenario(tree_after(PATCH), "bug_b:run_case", **NARROW_DRAFT)
     assert "error" not in before and "error" not in after, (before, after)

@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import types
 from typing import Any
@@ -523,8 +522,6 @@ def load_models(vllm_config) -> None:
     counts the torch.compile'd models it would build (target, drafter), as
     their constructors do, and the CUDA allocator settings and sleep mode
     memory pool it scopes are simulated (no-ops)."""
-    import contextlib
-
     from vllm.compilation.counter import compilation_counter
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -1001,26 +998,6 @@ def suite() -> dict:
 HIDDEN_SIZES = [1024, 2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192]
 
 
-def fits(ws, num_tokens, hidden, tp, dtype) -> bool:
-    """FlashInfer's own check of one shape against a workspace."""
-    from flashinfer.comm.trtllm_ar import (
-        check_trtllm_allreduce_fusion_workspace_metadata,
-    )
-    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy
-
-    if ws.backend == "trtllm":
-        try:
-            check_trtllm_allreduce_fusion_workspace_metadata(
-                num_tokens, hidden, tp, dtype, ws.metadata
-            )
-        except ValueError:
-            return False
-        return True
-    # vLLM passes use_oneshot=None for MNNVL: FlashInfer's AUTO strategy.
-    strategy = MNNVLAllreduceFusionStrategy.select_strategy(tp, num_tokens, hidden, dtype)
-    return ws.is_buffer_size_sufficient(tp, num_tokens, hidden, dtype, strategy)
-
-
 def sent_sizes(plan, tp, elem=2) -> list[int]:
     """Token counts worth checking for a model's fused ranges: 1, each fused
     range end and, for MNNVL's non-monotonic need, its one-shot boundary."""
@@ -1189,13 +1166,15 @@ def bench(configs: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------
 # sweep (scripts/sweep_workspace.py): many configurations, one interpreter
 # --------------------------------------------------------------------------
-def _strategy_fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
+def fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
     """FlashInfer's own check of an (n, hidden) request against ``ws``, with
-    the strategy the tree requests (the fused op's one-shot selection; the
-    standalone all-reduce passes none, i.e. FlashInfer's AUTO)."""
+    the strategy the tree requests: the fused op's one-shot selection, or
+    the standalone all-reduce's (FlashInfer's AUTO on trees without patch
+    0003's fi_ar_mnnvl_use_oneshot)."""
     import inspect
 
     import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
     from flashinfer.comm.trtllm_ar import check_trtllm_allreduce_fusion_workspace_metadata
     from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy as S
 
@@ -1208,7 +1187,6 @@ def _strategy_fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
     select = arf._select_flashinfer_allreduce_use_oneshot
     size = n * hidden * dtype.itemsize
     if standalone:  # FlashInferAllReduce.all_reduce's request
-        fiar = sys.modules["vllm.distributed.device_communicators.flashinfer_all_reduce"]
         own = getattr(fiar, "fi_ar_mnnvl_use_oneshot", None)
         use_oneshot = None if own is None else own(ws, size * tp)
     elif list(inspect.signature(select).parameters)[0] == "workspace_backend":
@@ -1300,11 +1278,11 @@ def sweep(configs: list[dict]) -> list[dict]:
                     fused = plans[k]["fused_ranges"]
                     top = fused[-1][1] if fused else 0
                     for n in _samples(top, tp, widths):
-                        if ws is None or not _strategy_fits(ws, n, h, tp, torch.bfloat16):
+                        if ws is None or not fits(ws, n, h, tp, torch.bfloat16):
                             bad.append(f"{k}:{n}x{h}")
                     for n in _samples(b, tp, widths) if comm is not None else []:
                         probe = _Probe(n, h, torch.bfloat16)
-                        if comm.should_use_fi_ar(probe) and not _strategy_fits(
+                        if comm.should_use_fi_ar(probe) and not fits(
                             fiar._fi_ar_workspace, n, h, tp, torch.bfloat16, standalone=True
                         ):
                             bad.append(f"standalone:{n}x{h}")
@@ -1338,7 +1316,7 @@ def _min_bytes(models, plans, widths, tp, backend) -> int | None:
         mid = (lo + hi) // 2
         ws = make_workspace(backend, tp, 0, mid, hidden, torch.bfloat16)
         _state["created"].pop()
-        if all(_strategy_fits(ws, n, h, tp, torch.bfloat16) for n, h in need):
+        if all(fits(ws, n, h, tp, torch.bfloat16) for n, h in need):
             hi = mid
         else:
             lo = mid + 1

@@ -29,8 +29,8 @@ What is simulated, and only that (there is no GPU here):
 * The TP group: one process stands in for rank 0 of a TP group of the given
   size (``get_tp_group``, ``get_tensor_model_parallel_rank``, ``get_node_count``,
   FlashInfer's ``TorchDistBackend``).  ``tensor_model_parallel_all_reduce``
-  (only reached by the op's unfused fallback) raises, and the case counts an
-  "unfused" fallback instead of a kernel launch.
+  raises, and the case counts an "unfused" call instead of a kernel launch
+  (no tree of the series falls back to it; the count must stay 0).
 * The device: ``current_platform.is_cuda()`` is True and
   ``get_device_capability()`` returns the SM version of the case.
 * The engine configuration given to bug A's workspace sizing
