@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the patched vLLM wheel into dist/:
-#   fetch -> verify -> patch -> build -> verify -> package   (scripts/pipeline.py)
-# Options: --arch x86_64|aarch64, --dist DIR (see scripts/pipeline.py --help);
-# --image: then the container image from that wheel (Dockerfile, scripts/image.py).
+#   fetch -> verify -> patch -> build -> verify -> package   (scripts/tpfix/pipeline.py)
+# Options: --arch x86_64|aarch64, --dist DIR (see scripts/tpfix/pipeline.py);
+# --image: then the container image from that wheel (Dockerfile, scripts/tpfix/image.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt
-exec "$VENV_PY" scripts/pipeline.py "$@"
+exec "$VENV_PY" -m tpfix.pipeline "$@"

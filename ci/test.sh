@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt ci/requirements-test.txt
-"$VENV_PY" ci/install_vllm_deps.py
+"$VENV_PY" -m tpfix.replay.deps
 
 echo "==> lint: ruff (scripts, tests), shellcheck"
 "$VENV_PY" -m ruff check scripts tests

@@ -31,6 +31,18 @@ ensure_venv() {
         fi
         touch "$venv/.installed-$sum"
     done
+    # This checkout's tooling (the tpfix package in scripts/), editable: once
+    # per checkout path, since the link names it.
+    sum=$(printf '%s' "$root" | sha256sum | cut -d' ' -f1)
+    if [ ! -e "$venv/.tpfix-$sum" ]; then
+        if ! "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps \
+            --no-build-isolation -e "$root" >"$root/build/venv-install.log" 2>&1; then
+            tail -n 20 "$root/build/venv-install.log" >&2
+            echo "error: pip could not install $root (scripts/tpfix) into $venv (log above)" >&2
+            return 2
+        fi
+        touch "$venv/.tpfix-$sum"
+    fi
     VENV_PY="$venv/bin/python"
     export VENV_PY
 }

@@ -2,24 +2,22 @@
 real ./build.sh run between the tests that need a built wheel."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS / "scenarios"))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def run_build_sh(dist: Path, work: Path) -> Path:
     """./build.sh as a user runs it, into `dist`; returns the one wheel there."""
     proc = subprocess.run(
         [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(work)],
-        text=True, capture_output=True, timeout=1200,
-    )  # fmt: skip
+        text=True,
+        capture_output=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     wheels = list(dist.glob("*.whl"))
     assert len(wheels) == 1, wheels

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from common import ROOT, cache_dir, read_series, sdist_pin
+from tpfix.common import ROOT, cache_dir, read_series, sdist_pin
 
 FAKE_SHA = "0" * 64
 
@@ -34,13 +34,18 @@ def repo(tmp_path: Path) -> Path:
 
 
 def _run(repo: Path, *args: str, env: dict | None = None, cache: Path | None = None):
-    e = dict(os.environ, **(env or {}))
+    # the copy's own tpfix package, not this checkout's
+    e = dict(os.environ, PYTHONPATH=str(repo / "scripts"), **(env or {}))
     if cache is not None:
         e["VLLM_DIST_CACHE"] = str(cache)
     return subprocess.run(
-        [sys.executable, *args], cwd=repo, env=e, text=True, capture_output=True,
+        [sys.executable, *args],
+        cwd=repo,
+        env=e,
+        text=True,
+        capture_output=True,
         timeout=600,
-    )  # fmt: skip
+    )
 
 
 def _set_sdist_sha(repo: Path, sha: str) -> None:
@@ -51,7 +56,7 @@ def _set_sdist_sha(repo: Path, sha: str) -> None:
 def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     _set_sdist_sha(repo, FAKE_SHA)
     cache = tmp_path / "cache"
-    proc = _run(repo, "scripts/patch.py", str(tmp_path / "tree"), cache=cache)
+    proc = _run(repo, "-m", "tpfix.patch", str(tmp_path / "tree"), cache=cache)
     assert proc.returncode == 2
     err = proc.stderr
     assert "vllm-0.27.1.tar.gz: sha256 mismatch" in err
@@ -72,16 +77,17 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     entry.parent.mkdir(parents=True)
     good = cache_dir() / "sha256" / pin.sha256 / pin.filename
     entry.write_bytes(good.read_bytes()[: pin.size // 3])
-    proc = _run(repo, "-c", "import sys; sys.path.insert(0, 'scripts');"
-                "from fetch import fetch_sdist; print(fetch_sdist())", cache=cache)  # fmt: skip
+    proc = _run(
+        repo, "-c", "from tpfix.fetch import fetch_sdist; print(fetch_sdist())", cache=cache
+    )
     assert proc.returncode == 0, proc.stderr
     assert "truncated or interrupted download" in proc.stderr
     assert entry.stat().st_size == pin.size
 
 
 def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
-    from common import Fail
-    from fetch import check_file
+    from tpfix.common import Fail
+    from tpfix.fetch import check_file
 
     pin = sdist_pin()
     part = tmp_path / pin.filename
@@ -95,9 +101,12 @@ def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
 
 def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
     pins = repo / "pins" / "v0.27.1.toml"
-    pins.write_text(pins.read_text().replace('version = "0.27.1"\nrole = "sdist"',
-                                             'version = "0.27.99"\nrole = "sdist"'))  # fmt: skip
-    proc = _run(repo, "scripts/fetch.py", cache=tmp_path / "cache")
+    pins.write_text(
+        pins.read_text().replace(
+            'version = "0.27.1"\nrole = "sdist"', 'version = "0.27.99"\nrole = "sdist"'
+        )
+    )
+    proc = _run(repo, "-m", "tpfix.fetch", cache=tmp_path / "cache")
     assert proc.returncode == 2
     assert "vllm-0.27.1.tar.gz: vllm==0.27.99 is not available" in proc.stderr
 
@@ -107,8 +116,9 @@ def _break_patch(repo: Path, how: str) -> str:
     p = repo / "patches" / name
     text = p.read_text()
     if how == "conflict":
-        text = text.replace(" # From versions.json: .flashinfer.version",
-                            " # From versions.json: something else", 1)  # fmt: skip
+        text = text.replace(
+            " # From versions.json: .flashinfer.version", " # From versions.json: something else", 1
+        )
     else:  # shift the first hunk's position: an offset
         text = text.replace("@@ -811,7 +811,7 @@", "@@ -801,7 +801,7 @@", 1)
     p.write_text(text)
@@ -121,7 +131,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 ):
     name = _break_patch(repo, how)
     dest = tmp_path / "out" / "tree"
-    proc = _run(repo, "scripts/patch.py", str(dest))
+    proc = _run(repo, "-m", "tpfix.patch", str(dest))
     assert proc.returncode == 2, proc.stderr
     assert f"patches/{name}" in proc.stderr
     assert "docker/Dockerfile" in proc.stderr
@@ -131,7 +141,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 
 
 def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
-    proc = _run(repo, "scripts/patch.py", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
+    proc = _run(repo, "-m", "tpfix.patch", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
     assert proc.returncode == 2
     assert "`quilt` not found on PATH; install it (Debian: apt-get install quilt)" in proc.stderr
     assert not (tmp_path / "t").exists()
@@ -148,8 +158,8 @@ def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "VERSION").write_text(text + "\n")
-    code = "import sys; sys.path.insert(0, 'scripts'); import common"
-    proc = _run(repo, "-c", f"{code}; common.main_wrapper(common.read_version)")
+    code = "from tpfix import common; common.main_wrapper(common.read_version)"
+    proc = _run(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -162,10 +172,21 @@ def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     before = {p.name: p.read_bytes() for p in dist.iterdir()}
     venv_py = Path(sys.executable)
     proc = subprocess.Popen(
-        [str(venv_py), "scripts/pipeline.py", "--dist", str(dist), "--workdir",
-         str(tmp_path / "work")],
-        cwd=repo, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(venv_py),
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(dist),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        cwd=repo,
+        env=dict(os.environ, PYTHONPATH=str(repo / "scripts")),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     for line in proc.stderr:
         seen.append(line)

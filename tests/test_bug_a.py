@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import run_scenario, tree_after, tree_before
+from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
 PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
 SEED_MESSAGE = (
@@ -92,9 +92,15 @@ def test_cold_start_after(results):
 
 @pytest.mark.parametrize(
     "case",
-    ["warm_seed", "cold_quant_fp8", "warm_quant_first", "warm_mnnvl_sm100",
-     "standalone_tp4", "two_engines"],
-)  # fmt: skip
+    [
+        "warm_seed",
+        "cold_quant_fp8",
+        "warm_quant_first",
+        "warm_mnnvl_sm100",
+        "standalone_tp4",
+        "two_engines",
+    ],
+)
 def test_red_before(suite, case):
     res = suite["before"][case]
     assert res.get("error") == "ValueError", res

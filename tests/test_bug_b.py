@@ -23,11 +23,11 @@ MNNVL itself and nothing is forced.
 from __future__ import annotations
 
 import pytest
-from bug_b import NARROW_DRAFT
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from harness import run_scenario, tree_after, tree_before
+from tpfix.replay.bug_b import NARROW_DRAFT
+from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
 PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
 
@@ -191,9 +191,13 @@ def test_property_after_always_fits(property_after):
 # The shared workspace reserves one-shot room for 12 rows of 5120; a 4096-wide
 # input of 16 tokens is 1 MiB, which FlashInfer's AUTO sends one-shot.
 STANDALONE_NARROW = dict(
-    target_hidden=5120, draft_hidden=4096, tp=8, capability=90,
-    max_num_batched_tokens=16, backend="mnnvl",
-)  # fmt: skip
+    target_hidden=5120,
+    draft_hidden=4096,
+    tp=8,
+    capability=90,
+    max_num_batched_tokens=16,
+    backend="mnnvl",
+)
 
 
 def test_standalone_narrower_input_fits():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness import pinned_flashinfer, run_scenario, tree_after, tree_before
+from tpfix.replay.harness import pinned_flashinfer, run_scenario, tree_after, tree_before
 
 PATCH = "0001-flashinfer-0.6.16.post4-python-3.10-3.11.patch"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import run_build_sh
 
-from common import read_series, read_version, wheel_pin
-from fetch import fetch_wheel
-from harness import tree_after
-from verify import touched_files, verify_wheel
+from tpfix.common import read_series, read_version, wheel_pin
+from tpfix.fetch import fetch_wheel
+from tpfix.replay.harness import tree_after
+from tpfix.verify import touched_files, verify_wheel
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +31,7 @@ def official() -> Path:
 
 
 def _arch() -> str:
-    from common import host_arch
+    from tpfix.common import host_arch
 
     return host_arch()
 

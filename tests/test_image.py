@@ -1,6 +1,6 @@
 """The container image (Dockerfile, scripts/image.py), built here without a registry.
 
-The real base, vllm/vllm-openai:v0.27.1, cannot be pulled; tests/image/standin.py
+The real base, vllm/vllm-openai:v0.27.1, cannot be pulled; tests/standin_image.py
 builds a local stand-in (Debian rootfs + the official v0.27.1 wheel and
 FlashInfer 0.6.16.post3 installed --no-deps, the official ENTRYPOINT; fake
 flashinfer-cubin / flashinfer-jit-cache served by a local index like
@@ -27,15 +27,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import standin_image
 
-from common import ROOT, TAG, Fail, cache_dir, host_arch, read_series, read_version
-from fetch import fetch_wheel
-from harness import tree_after
-from verify import touched_files
-
-sys.path.insert(0, str(Path(__file__).parent / "image"))
-import image  # noqa: E402  (scripts/image.py)
-import standin  # noqa: E402  (tests/image/standin.py)
+from tpfix import image
+from tpfix.common import ROOT, TAG, Fail, cache_dir, host_arch, read_series, read_version
+from tpfix.fetch import fetch_wheel
+from tpfix.replay.harness import tree_after
+from tpfix.verify import touched_files
 
 SITE_GLOB = "usr/local/lib/python3*/dist-packages"
 
@@ -83,12 +81,12 @@ def dist(built_wheel: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def base(buildah: str) -> str:
-    return standin.standin_base(buildah)
+    return standin_image.standin_base(buildah)
 
 
 @pytest.fixture(scope="module")
 def fi_index(tmp_path_factory) -> str:
-    root = standin.fake_index(tmp_path_factory.mktemp("flashinfer-index"))
+    root = standin_image.fake_index(tmp_path_factory.mktemp("flashinfer-index"))
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a, **kw):
@@ -108,9 +106,14 @@ def built(buildah, dist, base, fi_index, tmp_path_factory) -> image.Built:
     tmp = tmp_path_factory.mktemp("image")
     ref = f"localhost/vllm-tpfix-test:{image.default_tag().split(':')[1]}"
     b = image.build_image(
-        dist=dist, base=base, tag=ref, flashinfer_index=fi_index,
-        archive_dir=tmp / "out", engine="buildah", ctx=tmp / "ctx",
-    )  # fmt: skip
+        dist=dist,
+        base=base,
+        tag=ref,
+        flashinfer_index=fi_index,
+        archive_dir=tmp / "out",
+        engine="buildah",
+        ctx=tmp / "ctx",
+    )
     yield b
     subprocess.run([buildah, "rmi", ref], capture_output=True)
     if b.archive:
@@ -195,10 +198,10 @@ def test_patched_files_match_tree_and_the_rest_is_official(rootfs):
 def test_flashinfer_packages_at_one_version(rootfs):
     site = _site(rootfs)
     infos = sorted(p.name for p in site.glob("flashinfer*.dist-info"))
-    new = standin.FI_NEW
+    new = standin_image.FI_NEW
     assert infos == [
         f"flashinfer_cubin-{new}.dist-info",
-        f"flashinfer_jit_cache-{new}+{standin.CUDA}.dist-info",
+        f"flashinfer_jit_cache-{new}+{standin_image.CUDA}.dist-info",
         f"flashinfer_python-{new}.dist-info",
     ]
 
@@ -209,10 +212,22 @@ def _pip_check(buildah: str, ref: str) -> set[str]:
     ).stdout.strip()
     try:
         proc = subprocess.run(
-            [buildah, "run", "--isolation", "chroot", ctr, "--",
-             "python3", "-m", "pip", "check", "--disable-pip-version-check"],
-            text=True, capture_output=True,
-        )  # fmt: skip
+            [
+                buildah,
+                "run",
+                "--isolation",
+                "chroot",
+                ctr,
+                "--",
+                "python3",
+                "-m",
+                "pip",
+                "check",
+                "--disable-pip-version-check",
+            ],
+            text=True,
+            capture_output=True,
+        )
     finally:
         subprocess.run([buildah, "rm", ctr], capture_output=True)
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -236,8 +251,9 @@ def test_labels_and_config(buildah, built, base):
     labels = ours["Labels"]
     names, series_sha = image.series_info()
     wheel, digest = image.find_wheel(built.dist)
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True,
-                          capture_output=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True, capture_output=True
+    ).stdout.strip()
     assert labels["org.opencontainers.image.version"] == read_version()
     assert labels["org.opencontainers.image.revision"].startswith(head)
     assert labels["org.opencontainers.image.base.name"] == base
@@ -334,6 +350,7 @@ def test_repins_are_what_the_series_changes(dist):
 def test_build_sh_has_the_image_option():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "pipeline.py"), "--help"],
-        text=True, capture_output=True,
-    )  # fmt: skip
+        text=True,
+        capture_output=True,
+    )
     assert "--image" in proc.stdout and "--flashinfer-index" in proc.stdout

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from common import LABEL, PATCHES, read_series, read_version, sdist_pin
-from harness import tree_after
-from series import check
-from verify import touched_files
+from tpfix.common import LABEL, PATCHES, read_series, read_version, sdist_pin
+from tpfix.maint.series import check
+from tpfix.replay.harness import tree_after
+from tpfix.verify import touched_files
 
 SERIES = read_series()
 
@@ -60,6 +60,8 @@ def test_patched_python_is_ruff_clean_with_vllms_config():
     for args in (["check"], ["format", "--check"]):
         proc = subprocess.run(
             [sys.executable, "-m", "ruff", *args, *files],
-            cwd=tree, text=True, capture_output=True,
-        )  # fmt: skip
+            cwd=tree,
+            text=True,
+            capture_output=True,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr

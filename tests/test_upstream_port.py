@@ -25,13 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from export import export, git, pristine_repo, run_pytest, vllm_tests, with_files
-from rebase import CHECKS, Check, Quilt, Trees, classify, format_table, rebase
 
-from common import read_series
-from harness import run_scenario
-from patch import apply_series, cached_tree, prepare_tree, quilt_env
-from series import REFRESH_ARGS
+from tpfix.common import read_series
+from tpfix.maint.export import export, git, pristine_repo, run_pytest, vllm_tests, with_files
+from tpfix.maint.rebase import CHECKS, Check, Quilt, Trees, classify, format_table, rebase
+from tpfix.maint.series import REFRESH_ARGS
+from tpfix.patch import apply_series, cached_tree, prepare_tree, quilt_env
+from tpfix.replay.harness import run_scenario
 
 TAG = "v0.33.0"
 PORT = Path(__file__).resolve().parent.parent / "upstream" / TAG
@@ -158,8 +158,9 @@ def _diff(before: str, after: str, path: str = "m.py") -> str:
         b.write_text(after)
         proc = subprocess.run(
             ["diff", "-u", "--label", f"a/{path}", "--label", f"b/{path}", str(a), str(b)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+        )
     return proc.stdout
 
 
@@ -171,8 +172,9 @@ def _case(tmp_path: Path, target_text: str, checks=(), runner=None) -> dict:
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / "m.py").write_text(text)
     patchfile = tmp_path / "0001-fix.patch"
-    patchfile.write_text("From: A <a@example.invalid>\nSubject: fix\n\nWhy.\n---\n"
-                         + _diff(before, after))  # fmt: skip
+    patchfile.write_text(
+        "From: A <a@example.invalid>\nSubject: fix\n\nWhy.\n---\n" + _diff(before, after)
+    )
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "series").write_text("")
     q = Quilt(tmp_path / "target", tmp_path / "out")
@@ -204,8 +206,9 @@ def test_classify_three_way_merge(tmp_path):
     rec = _case(tmp_path, _lines({13: "line 13 upstream"}))
     assert (rec["status"], rec["how"]) == ("applies-with-changes", "3-way merge")
     assert rec["hunks_before_merge"][0]["hunk"] == 1
-    assert rec["_result"] == _lines({10: "line 10 fixed", 13: "line 13 upstream",
-                                     16: "line 16 fixed"})  # fmt: skip
+    assert rec["_result"] == _lines(
+        {10: "line 10 fixed", 13: "line 13 upstream", 16: "line 16 fixed"}
+    )
     refreshed = (tmp_path / "out" / "0001-fix.patch").read_text()
     assert refreshed.startswith("From: A <a@example.invalid>\nSubject: fix\n")
     assert "+line 10 fixed" in refreshed and " line 13 upstream" in refreshed
@@ -268,8 +271,9 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
     env = quilt_env(copy, copy / "series")
     for name in PORTED:
         apply_series(tree, [name], copy, copy / "series", TAG)  # --fuzz=0, no offset
-        proc = subprocess.run(["quilt", "refresh", *REFRESH_ARGS], cwd=tree, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            ["quilt", "refresh", *REFRESH_ARGS], cwd=tree, env=env, capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stderr
         assert filecmp.cmp(PORT / name, copy / name, shallow=False), name
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from common import PATCHES, read_series
-from harness import scenario_env, tree_after, tree_before
+from tpfix.common import PATCHES, read_series
+from tpfix.replay.harness import scenario_env, tree_after, tree_before
 
 _DEF = re.compile(r"(?:async )?def (\w+)")
 
@@ -56,10 +56,24 @@ CASES = [(n, _changed_tests(n)) for n in read_series() if _changed_tests(n)]
 
 def _pytest(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "vllm_cpu_stubs", "-p", "no:cacheprovider",
-         "-rA", "-q", *files],
-        cwd=tree, env=scenario_env(tree), text=True, capture_output=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tpfix.replay.vllm_cpu_stubs",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "-q",
+            *files,
+        ],
+        cwd=tree,
+        env=scenario_env(tree),
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
 
 
 def _outcomes(out: str) -> dict[str, set[str]]:

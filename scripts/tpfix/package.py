@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from common import sha256_file
+from tpfix.common import sha256_file
 
 
 def publish(wheel: Path, dist: Path) -> Path:

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from common import (
+from tpfix.common import (
     PATCHES,
     ROOT,
     SERIES,
@@ -133,7 +133,7 @@ def prepare_tree(
 
     `upto=None` applies the whole series, `upto=""` none of it.
     """
-    from fetch import fetch_sdist
+    from tpfix.fetch import fetch_sdist
 
     names = read_series(series)
     if upto is not None:
@@ -194,13 +194,18 @@ def main() -> None:
     ap.add_argument("--keep-quilt-state", action="store_true", help="keep .pc/")
     ap.add_argument("--tag", default=TAG, help=f"upstream tag, pins/TAG.toml (default {TAG})")
     ap.add_argument(
-        "--series", type=Path, default=SERIES,
+        "--series",
+        type=Path,
+        default=SERIES,
         help="series file; its patches are in its folder (default patches/series)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     series = args.series.resolve()
-    print(prepare_tree(args.dest, args.upto, series, series.parent,
-                       args.keep_quilt_state, tag=args.tag))  # fmt: skip
+    print(
+        prepare_tree(
+            args.dest, args.upto, series, series.parent, args.keep_quilt_state, tag=args.tag
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from common import cache_dir, host_arch
-from fetch import fetch_test_dep, fetch_wheel
+from tpfix.common import cache_dir, host_arch
+from tpfix.fetch import fetch_test_dep, fetch_wheel
 
 SUITE = "bookworm"
 PACKAGES = ["python3", "python3-pip"]
@@ -62,8 +62,9 @@ def rootfs() -> Path:
     tmp = dest.parent / f".tmp{os.getpid()}-{dest.name}"  # mmdebstrap: .tar -> a tarball
     proc = subprocess.run(
         ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp)],
-        text=True, capture_output=True,
-    )  # fmt: skip
+        text=True,
+        capture_output=True,
+    )
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"mmdebstrap failed:\n{proc.stderr[-3000:]}")
@@ -140,8 +141,12 @@ def standin_base(buildah: str = "buildah") -> str:
         for p in sorted(inputs, key=lambda p: p.name):
             key.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
         ref = f"localhost/vllm-standin-base:{key.hexdigest()[:16]}"
-        if subprocess.run([buildah, "inspect", "--type", "image", ref],
-                          capture_output=True).returncode == 0:  # fmt: skip
+        if (
+            subprocess.run(
+                [buildah, "inspect", "--type", "image", ref], capture_output=True
+            ).returncode
+            == 0
+        ):
             return ref
         for p in inputs:
             if p.parent != ctx:
@@ -150,8 +155,9 @@ def standin_base(buildah: str = "buildah") -> str:
         (ctx / "Containerfile").write_text(CONTAINERFILE)
         proc = subprocess.run(
             [buildah, "bud", "--isolation", "chroot", "-t", ref, str(ctx)],
-            text=True, capture_output=True,
-        )  # fmt: skip
+            text=True,
+            capture_output=True,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"stand-in base build failed:\n{proc.stdout[-3000:]}{proc.stderr}")
     return ref

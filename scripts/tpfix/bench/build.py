@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import ROOT, host_arch, wheel_pin
+from tpfix.common import host_arch, wheel_pin
 
 
 def _du(paths: list[Path]) -> int:
@@ -65,13 +65,34 @@ def main() -> None:
         env = dict(os.environ, VLLM_DIST_CACHE=str(cache), PIP_NO_CACHE_DIR="1")
         pin = wheel_pin(arch)
         up_s, _ = _timed(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
-             ":all:", "--platform", pin.platform, "--python-version", "3.12",
-             f"vllm=={pin.version}", "-d", str(up)],
-            env, [up],
-        )  # fmt: skip
-        build = [sys.executable, str(ROOT / "scripts" / "pipeline.py"),
-                 "--dist", str(dist), "--workdir", str(work)]  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--platform",
+                pin.platform,
+                "--python-version",
+                "3.12",
+                f"vllm=={pin.version}",
+                "-d",
+                str(up),
+            ],
+            env,
+            [up],
+        )
+        build = [
+            sys.executable,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(dist),
+            "--workdir",
+            str(work),
+        ]
         watch = [t]  # cache, work tree, staging folder and dist all live here
         cold_s, cold_peak = _timed(build, env, watch)
         warm_s, warm_peak = _timed(build, env, watch)
@@ -79,13 +100,16 @@ def main() -> None:
         official = up / pin.filename
         rows = [
             ("upstream: pip download official wheel", f"{up_s:7.1f} s", "", ""),
-            ("ours: cold build (empty cache)", f"{cold_s:7.1f} s", "",
-             f"{cold_peak / 2**20:8.0f} MiB"),
-            ("ours: warm build (cached)", f"{warm_s:7.1f} s", "",
-             f"{warm_peak / 2**20:8.0f} MiB"),
+            (
+                "ours: cold build (empty cache)",
+                f"{cold_s:7.1f} s",
+                "",
+                f"{cold_peak / 2**20:8.0f} MiB",
+            ),
+            ("ours: warm build (cached)", f"{warm_s:7.1f} s", "", f"{warm_peak / 2**20:8.0f} MiB"),
             ("official wheel size", "", f"{official.stat().st_size:,} B", ""),
             ("our wheel size", "", f"{ours.stat().st_size:,} B", ""),
-        ]  # fmt: skip
+        ]
         print(f"{'':42} {'time':>9} {'size':>16} {'peak disk':>12}")
         for name, a, b, c in rows:
             print(f"{name:42} {a:>9} {b:>16} {c:>12}")

@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from build import build_wheel, source_date_epoch
-from common import ROOT, Fail, host_arch, main_wrapper, read_series, read_version
-from fetch import fetch_sdist, fetch_wheel
-from package import publish
-from patch import prepare_tree
-from verify import verify_wheel
+from tpfix.build import build_wheel, source_date_epoch
+from tpfix.common import ROOT, Fail, host_arch, main_wrapper, read_series, read_version
+from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.package import publish
+from tpfix.patch import prepare_tree
+from tpfix.verify import verify_wheel
 
 
 def _step(msg: str) -> None:
@@ -53,9 +53,14 @@ def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
         _step(f"build: vllm {version} (setup.py, precompiled kernels)")
         t0 = time.monotonic()
         wheel = build_wheel(
-            tree, version, official, arch, staging,
-            source_date_epoch(sdist), workdir / "logs" / "build.log",
-        )  # fmt: skip
+            tree,
+            version,
+            official,
+            arch,
+            staging,
+            source_date_epoch(sdist),
+            workdir / "logs" / "build.log",
+        )
         _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
         _step(f"verify against {official.name}")
         problems = verify_wheel(wheel, official, tree, version)
@@ -73,7 +78,7 @@ def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
 
 
 def main() -> None:
-    from image import add_image_args, image_from_args  # the optional image stage
+    from tpfix.image import add_image_args, image_from_args  # the optional image stage
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])

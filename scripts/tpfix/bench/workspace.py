@@ -29,40 +29,91 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
-
 PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
 MiB = 1024 * 1024
 
 CONFIGS = [
     # seed: Qwen3-30B-A3B (2048) + Qwen3-4B draft (2560), 2xH100
-    dict(target_hidden=2048, draft_hidden=2560, tp=2, capability=90,
-         max_num_batched_tokens=8192, backend="trtllm"),
-    dict(target_hidden=2048, draft_hidden=2560, tp=4, capability=90,
-         max_num_batched_tokens=8192, backend="trtllm"),
-    dict(target_hidden=2048, draft_hidden=2560, tp=8, capability=90,
-         max_num_batched_tokens=8192, backend="trtllm"),
-    dict(target_hidden=4096, draft_hidden=2048, tp=2, capability=90,
-         max_num_batched_tokens=8192, backend="trtllm"),
-    dict(target_hidden=4096, draft_hidden=4096, tp=4, capability=100,
-         max_num_batched_tokens=8192, backend="trtllm"),
-    dict(target_hidden=2048, draft_hidden=2560, tp=4, capability=100,
-         max_num_batched_tokens=8192, backend="mnnvl"),
-    dict(target_hidden=2048, draft_hidden=4096, tp=8, capability=100,
-         max_num_batched_tokens=2048, backend="mnnvl"),
-    dict(target_hidden=6144, draft_hidden=7168, tp=8, capability=103,
-         max_num_batched_tokens=8192, backend="mnnvl"),
-    dict(target_hidden=5120, draft_hidden=None, tp=2, capability=100,
-         max_num_batched_tokens=16384, backend="trtllm"),
-]  # fmt: skip
+    dict(
+        target_hidden=2048,
+        draft_hidden=2560,
+        tp=2,
+        capability=90,
+        max_num_batched_tokens=8192,
+        backend="trtllm",
+    ),
+    dict(
+        target_hidden=2048,
+        draft_hidden=2560,
+        tp=4,
+        capability=90,
+        max_num_batched_tokens=8192,
+        backend="trtllm",
+    ),
+    dict(
+        target_hidden=2048,
+        draft_hidden=2560,
+        tp=8,
+        capability=90,
+        max_num_batched_tokens=8192,
+        backend="trtllm",
+    ),
+    dict(
+        target_hidden=4096,
+        draft_hidden=2048,
+        tp=2,
+        capability=90,
+        max_num_batched_tokens=8192,
+        backend="trtllm",
+    ),
+    dict(
+        target_hidden=4096,
+        draft_hidden=4096,
+        tp=4,
+        capability=100,
+        max_num_batched_tokens=8192,
+        backend="trtllm",
+    ),
+    dict(
+        target_hidden=2048,
+        draft_hidden=2560,
+        tp=4,
+        capability=100,
+        max_num_batched_tokens=8192,
+        backend="mnnvl",
+    ),
+    dict(
+        target_hidden=2048,
+        draft_hidden=4096,
+        tp=8,
+        capability=100,
+        max_num_batched_tokens=2048,
+        backend="mnnvl",
+    ),
+    dict(
+        target_hidden=6144,
+        draft_hidden=7168,
+        tp=8,
+        capability=103,
+        max_num_batched_tokens=8192,
+        backend="mnnvl",
+    ),
+    dict(
+        target_hidden=5120,
+        draft_hidden=None,
+        tp=2,
+        capability=100,
+        max_num_batched_tokens=16384,
+        backend="trtllm",
+    ),
+]
 
 
 def min_need(c: dict, budget: int | None) -> int:
     """Least bytes per rank FlashInfer needs for every admitted shape."""
-    import bug_a
     import torch
+
+    import tpfix.replay.bug_a as bug_a
 
     if budget is None:
         return 0
@@ -98,7 +149,7 @@ def main() -> int:
     ap.add_argument("--tree-after", type=Path, help="vLLM tree with 0002")
     args = ap.parse_args()
 
-    from harness import run_scenario, tree_after, tree_before
+    from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
     trees = {
         "before": args.tree_before or tree_before(PATCH),
@@ -111,7 +162,7 @@ def main() -> int:
             return 1
 
     # min_need uses FlashInfer's own sizing; import it the way the trees do
-    from harness import flashinfer_site, pinned_flashinfer
+    from tpfix.replay.harness import flashinfer_site, pinned_flashinfer
 
     sys.path.insert(0, str(flashinfer_site(pinned_flashinfer(trees["after"]))))
 

@@ -36,11 +36,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from harness import run_scenario, tree_after, tree_before  # noqa: E402
+from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
 PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
 

@@ -36,19 +36,15 @@ import argparse
 import json
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, read_series, run, sdist_pin
-from patch import _OFFSET, _shown, cached_tree, prepare_tree, quilt_env, require_tool
-from series import REFRESH_ARGS
-
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
-from bug_b import NARROW_DRAFT  # noqa: E402
+from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, read_series, run, sdist_pin
+from tpfix.maint.series import REFRESH_ARGS
+from tpfix.patch import _OFFSET, _shown, cached_tree, prepare_tree, quilt_env, require_tool
+from tpfix.replay.bug_b import NARROW_DRAFT
 
 # -- scenario checks ------------------------------------------------------------
 
@@ -122,7 +118,7 @@ CHECKS: dict[str, list[Check]] = {
 
 def run_check(tree: Path, check: Check) -> dict:
     """Run `check` on `tree`; {"passed", "result"} or {"passed": None, "error"}."""
-    from harness import run_scenario
+    from tpfix.replay.harness import run_scenario
 
     try:
         result = run_scenario(tree, check.spec, **check.kwargs)
@@ -208,29 +204,62 @@ def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
             d = diffs.get(current)
             header = d.hunks[n - 1] if d and n <= len(d.hunks) else ""
             hm = _HUNK.match(header)
-            hunks.append({
-                "file": current, "hunk": n, "header": header,
-                "line": int(hm.group(1)) if hm else None,  # in the pinned tag
-                "tried_at": at,  # where patch looked in the target tag
-            })  # fmt: skip
+            hunks.append(
+                {
+                    "file": current,
+                    "hunk": n,
+                    "header": header,
+                    "line": int(hm.group(1)) if hm else None,  # in the pinned tag
+                    "tried_at": at,  # where patch looked in the target tag
+                }
+            )
         elif line.startswith("can't find file to patch"):
             # the file is only named in the quoted diff header that follows
             for quoted in lines[i + 1 : i + 8]:
                 if m := re.match(r"^\|(?:\+\+\+|---) [ab]/(\S+)", quoted):
                     current = m.group(1)
                     break
-            hunks.append({"file": current, "hunk": None, "line": None, "tried_at": None,
-                          "header": "missing in the target tag"})  # fmt: skip
+            hunks.append(
+                {
+                    "file": current,
+                    "hunk": None,
+                    "line": None,
+                    "tried_at": None,
+                    "header": "missing in the target tag",
+                }
+            )
         elif "Reversed (or previously applied) patch detected" in line:
-            hunks.append({"file": current, "hunk": None, "line": None, "tried_at": None,
-                          "header": line.strip()})  # fmt: skip
+            hunks.append(
+                {
+                    "file": current,
+                    "hunk": None,
+                    "line": None,
+                    "tried_at": None,
+                    "header": line.strip(),
+                }
+            )
     return hunks
 
 
 def merge3(current: Path, base: Path, other: Path) -> tuple[int, str]:
     """git merge-file: (number of conflicts, merged text with diff3 markers)."""
-    proc = run(["git", "merge-file", "-p", "--diff3", "-L", "target tag", "-L", "pinned tag",
-                "-L", "patched", str(current), str(base), str(other)])  # fmt: skip
+    proc = run(
+        [
+            "git",
+            "merge-file",
+            "-p",
+            "--diff3",
+            "-L",
+            "target tag",
+            "-L",
+            "pinned tag",
+            "-L",
+            "patched",
+            str(current),
+            str(base),
+            str(other),
+        ]
+    )
     if proc.returncode < 0 or proc.returncode > 127:
         raise Fail(f"git merge-file failed on {current}: {proc.stderr.strip()}")
     return proc.returncode, proc.stdout
@@ -298,8 +327,11 @@ def classify(
 
     # 1. absorbed, textually
     if reverse_applies(q.tree, patchfile):
-        rec.update(status="absorbed", how="reverse-applies",
-                   detail="reverse-applies: upstream carries the same change")  # fmt: skip
+        rec.update(
+            status="absorbed",
+            how="reverse-applies",
+            detail="reverse-applies: upstream carries the same change",
+        )
         return rec
 
     # 2. absorbed, by behaviour: red on the pinned tag before it, green here
@@ -313,9 +345,12 @@ def classify(
         c["target"]["passed"] and c.get("pinned_before", {}).get("passed") is False
         for c in rec["checks"]
     ):
-        rec.update(status="absorbed", how="checks",
-                   detail="its scenario checks are red on the pinned tag before the "
-                   "patch and green on the target tag: fixed upstream")  # fmt: skip
+        rec.update(
+            status="absorbed",
+            how="checks",
+            detail="its scenario checks are red on the pinned tag before the "
+            "patch and green on the target tag: fixed upstream",
+        )
         return rec
 
     # 3. applies exactly / with offset or fuzz
@@ -331,9 +366,13 @@ def classify(
             rec.update(status="applies", detail="quilt push --fuzz=0, no offset")
             return rec
         q.refresh()
-        rec.update(status="applies-with-changes", how="offset/fuzz", changes=offsets,
-                   detail=f"{len(offsets)} hunk(s) moved or fuzzed; refreshed",
-                   refreshed=f"patches/{name}")  # fmt: skip
+        rec.update(
+            status="applies-with-changes",
+            how="offset/fuzz",
+            changes=offsets,
+            detail=f"{len(offsets)} hunk(s) moved or fuzzed; refreshed",
+            refreshed=f"patches/{name}",
+        )
         return rec
 
     # 4. 3-way merge of each file the patch touches
@@ -341,8 +380,11 @@ def classify(
     hunks = failed_hunks(q.tree, patchfile)
     files = parse_diff(text)
     if origin is None:
-        rec.update(status="conflicts", hunks=hunks,
-                   detail="does not apply; no origin trees for a 3-way merge")  # fmt: skip
+        rec.update(
+            status="conflicts",
+            hunks=hunks,
+            detail="does not apply; no origin trees for a 3-way merge",
+        )
         return rec
     merged, conflicts = {}, {}
     for d in files:
@@ -394,10 +436,15 @@ def classify(
     q.refresh()
     out = q.patches / name
     out.write_text(header + out.read_text())
-    rec.update(status="applies-with-changes", how="3-way merge", hunks_before_merge=hunks,
-               changes=[f"3-way merge: {p}" for p in merged], refreshed=f"patches/{name}",
-               detail=f"{len(hunks)} hunk(s) fail as is; 3-way merge of "
-               f"{len(merged)} file(s) is clean; refreshed")  # fmt: skip
+    rec.update(
+        status="applies-with-changes",
+        how="3-way merge",
+        hunks_before_merge=hunks,
+        changes=[f"3-way merge: {p}" for p in merged],
+        refreshed=f"patches/{name}",
+        detail=f"{len(hunks)} hunk(s) fail as is; 3-way merge of "
+        f"{len(merged)} file(s) is clean; refreshed",
+    )
     return rec
 
 
@@ -492,8 +539,11 @@ def main() -> None:
     )
     ap.add_argument("tag", help="target upstream tag, with pins/TAG.toml (e.g. v0.33.0)")
     ap.add_argument("--out", type=Path, help="output folder (default build/rebase/TAG)")
-    ap.add_argument("--no-checks", action="store_true",
-                    help="skip the scenario checks (textual classification only)")  # fmt: skip
+    ap.add_argument(
+        "--no-checks",
+        action="store_true",
+        help="skip the scenario checks (textual classification only)",
+    )
     args = ap.parse_args()
     out = args.out or ROOT / "build" / "rebase" / args.tag
     report = rebase(args.tag, out, checks={} if args.no_checks else None)

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from common import Fail, run
+from tpfix.common import Fail, run
 
 # The official v0.27.1 wheels are CUDA 13 builds: their METADATA keeps the
 # `[cu13]` extras that setup.py strips on CUDA 12 (and verify.py compares the

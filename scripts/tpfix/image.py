@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 
-from common import (
+from tpfix.common import (
     PATCHES,
     PINS,
     ROOT,
@@ -47,7 +47,7 @@ from common import (
 )
 
 DOCKERFILE = ROOT / "Dockerfile"
-INSIDE = ROOT / "scripts" / "image_inside.py"
+INSIDE = Path(__file__).with_name("image_inside.py")
 DEFAULT_BASE = f"vllm/vllm-openai:{TAG}"
 CONTEXT = ROOT / "build" / "image" / "context"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -95,7 +95,7 @@ def repins(wheel: Path, official: Path) -> list[tuple[str, str]]:
 
 
 def pinned_wheel(project: str, version: str) -> Path:
-    from fetch import fetch
+    from tpfix.fetch import fetch
 
     norm = re.sub(r"[-_.]+", "-", project).lower()
     for pinfile in sorted(PINS.glob("*.toml")):
@@ -141,7 +141,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 def stage_context(dist: Path, ctx: Path, arch: str) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
-    from fetch import fetch_wheel
+    from tpfix.fetch import fetch_wheel
 
     version = read_version()
     wheel, digest = find_wheel(dist)
@@ -264,8 +264,11 @@ def inspect(eng: Engine, ref: str) -> dict:
         hist = run([eng.exe, "history", "--no-trunc", "-H=false", "--format", "{{.Size}}", ref])
         sizes = [int(s) for s in reversed(hist.stdout.split()) if s.isdigit() and int(s) > 0]
         return {"config": d["Config"], "layers": sizes}
-    proc = run([eng.exe, "inspect", "--type", "image", ref] if eng.name == "buildah"
-               else [eng.exe, "image", "inspect", ref])  # fmt: skip
+    proc = run(
+        [eng.exe, "inspect", "--type", "image", ref]
+        if eng.name == "buildah"
+        else [eng.exe, "image", "inspect", ref]
+    )
     if proc.returncode != 0:
         raise Fail(f"{eng.name} cannot inspect {ref}: {proc.stderr.strip()}")
     d = json.loads(proc.stdout)
@@ -367,8 +370,9 @@ def measure(built: Built, base: str) -> dict[str, int]:
         for compile_ in ("--compile", "--no-compile"):
             ref = f"{built.ref}-plain{compile_.replace('--', '-')}"
             _step(f"measure: plain pip install {compile_} ({ref})")
-            run_build(eng, build_cmd(eng, plain, CONTEXT, ref, {"BASE_IMAGE": base,
-                                                                "COMPILE": compile_}))  # fmt: skip
+            run_build(
+                eng, build_cmd(eng, plain, CONTEXT, ref, {"BASE_IMAGE": base, "COMPILE": compile_})
+            )
             sizes[f"plain {compile_}"] = inspect(eng, ref)["layers"][-1]
     sizes["layers added"] = ours_layers - base_layers
     return sizes
@@ -387,9 +391,10 @@ def add_image_args(ap: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--engine", default="auto", choices=["auto", "docker", "buildah", "podman"])
     g.add_argument(
-        "--image-dir", type=Path,
+        "--image-dir",
+        type=Path,
         help="where the docker-archive goes without an engine (default: <dist>/image)",
-    )  # fmt: skip
+    )
     g.add_argument("--no-archive", action="store_true", help="keep the image in local storage only")
 
 

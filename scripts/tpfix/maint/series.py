@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import PATCHES, ROOT, SERIES, Fail, main_wrapper, read_series, run
-from patch import apply_series, prepare_tree, quilt_env, require_tool
+from tpfix.common import PATCHES, ROOT, SERIES, Fail, main_wrapper, read_series, run
+from tpfix.patch import apply_series, prepare_tree, quilt_env, require_tool
 
 DEV = ROOT / "build" / "dev" / "vllm"
 REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
@@ -77,10 +77,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("command", choices=[
-        "setup", "push", "pop", "new", "add", "refresh", "check", "quilt", "top",
-        "applied", "diff",
-    ])  # fmt: skip
+    ap.add_argument(
+        "command",
+        choices=[
+            "setup",
+            "push",
+            "pop",
+            "new",
+            "add",
+            "refresh",
+            "check",
+            "quilt",
+            "top",
+            "applied",
+            "diff",
+        ],
+    )
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.command == "setup":

@@ -97,8 +97,9 @@ def pip_check() -> list[str]:
     vllm 0.27.1+tpfix.<n> compare equal."""
     proc = subprocess.run(
         [PY, "-m", "pip", "check", "--disable-pip-version-check"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     problems = []
     for line in proc.stdout.splitlines():
         line = line.strip()
@@ -238,8 +239,17 @@ def plan(wheel: str, env: dict, staged: dict, fi_index: str) -> dict:
 
 
 def pip_install(args: list[str]) -> None:
-    cmd = [PY, "-m", "pip", "install", "--no-deps", "--no-compile",
-           "--disable-pip-version-check", "--no-cache-dir", *args]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-compile",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+        *args,
+    ]
     print("image: " + " ".join(cmd[1:]), flush=True)
     env = dict(os.environ, PIP_ROOT_USER_ACTION="ignore")
     proc = subprocess.run(cmd, env=env)
@@ -305,7 +315,7 @@ def stage(ctx: str, out: str, version: str, fi_index: str) -> None:
                 "dist_info": after[t]["dist_info"],
             }
             for t in touched
-        },  # fmt: skip
+        },
         "files": new_hashes,
         "removed": removed,
         "changed": changed,

@@ -351,7 +351,7 @@ class _FakeMnnvlModule:
 def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     """Install the simulated device layer (see module docstring)."""
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
-    import vllm_cpu_stubs
+    from tpfix.replay import vllm_cpu_stubs
 
     vllm_cpu_stubs.register()  # torch.ops._C stand-ins, before any vLLM import
 
@@ -412,9 +412,19 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
 
     torch.cuda.is_current_stream_capturing = lambda: _state["capturing"]
     _state.update(
-        created=[], kernel_calls=[], passes=[], tp=tp, capability=capability, backend=backend,
-        destroyed=[], attempts=0, collectives=0, local_fails=0, peer_fails=0, capturing=False,
-    )  # fmt: skip
+        created=[],
+        kernel_calls=[],
+        passes=[],
+        tp=tp,
+        capability=capability,
+        backend=backend,
+        destroyed=[],
+        attempts=0,
+        collectives=0,
+        local_fails=0,
+        peer_fails=0,
+        capturing=False,
+    )
 
 
 def new_process(tp: int | None = None) -> None:
@@ -1349,9 +1359,13 @@ def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2
     res, gamma = torch.zeros_like(x), torch.ones(hidden, dtype=torch.bfloat16)
     code = arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm
     kwargs = dict(
-        allreduce_in=x, residual=res, rms_gamma=gamma, rms_eps=1e-6, pattern_code=code,
+        allreduce_in=x,
+        residual=res,
+        rms_gamma=gamma,
+        rms_eps=1e-6,
+        pattern_code=code,
         **plan["op_kwargs"],
-    )  # fmt: skip
+    )
     op = arf.call_trtllm_fused_allreduce_norm
     best = float("inf")
     for _ in range(repeats):

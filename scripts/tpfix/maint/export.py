@@ -43,12 +43,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rebase import CHECKS, parse_diff, run_check, split_patch
-
-from common import ROOT, Fail, cache_dir, main_wrapper, read_series, sdist_pin
-from patch import cached_tree, prepare_tree
-
-sys.path.insert(0, str(ROOT / "tests"))
+from tpfix.common import ROOT, Fail, cache_dir, main_wrapper, read_series, sdist_pin
+from tpfix.maint.rebase import CHECKS, parse_diff, run_check, split_patch
+from tpfix.patch import cached_tree, prepare_tree
 
 DEFAULT_TAG = "v0.33.0"
 UPSTREAM = ROOT / "upstream"
@@ -190,10 +187,10 @@ def _ident(author: str) -> tuple[str, str]:
 
 
 def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, input=None):
-    full = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
-                **(env or {}))  # fmt: skip
-    proc = subprocess.run(["git", "-C", str(repo), *args], text=True, capture_output=True,
-                          env=full, input=input)  # fmt: skip
+    full = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, **(env or {}))
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args], text=True, capture_output=True, env=full, input=input
+    )
     if check and proc.returncode != 0:
         raise Fail(f"git {' '.join(args[:3])} failed in {repo}:\n{proc.stderr.strip()[-2000:]}")
     return proc
@@ -201,10 +198,13 @@ def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, inp
 
 def _as(name: str, email: str, date: str) -> dict:
     return {
-        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
-        "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
         "GIT_COMMITTER_DATE": date,
-    }  # fmt: skip
+    }
 
 
 def pristine_git(tag: str) -> Path:
@@ -225,8 +225,15 @@ def pristine_git(tag: str) -> Path:
         git(tree, "init", "-q", "-b", "main")
         git(tree, "add", "-A", "-f", ".")
         name, email = IMPORT_IDENT
-        git(tree, "commit", "-q", "--no-verify", "-m", f"vLLM {tag} (pristine sdist)",
-            env=_as(name, email, IMPORT_DATE))  # fmt: skip
+        git(
+            tree,
+            "commit",
+            "-q",
+            "--no-verify",
+            "-m",
+            f"vLLM {tag} (pristine sdist)",
+            env=_as(name, email, IMPORT_DATE),
+        )
         bare = Path(tmp) / "bare.git"
         git(tree, "clone", "-q", "--bare", str(tree), str(bare))
         try:
@@ -261,8 +268,16 @@ def commit_patch(
     if proc.returncode != 0:
         raise Fail(f"{patchfile.name}: git apply failed: {proc.stderr.strip()[-1500:]}")
     name, email = _ident(mail.author)
-    git(repo, "commit", "-q", "--no-verify", "-F", "-", input=mail.message(),
-        env=_as(name, email, mail.date))  # fmt: skip
+    git(
+        repo,
+        "commit",
+        "-q",
+        "--no-verify",
+        "-F",
+        "-",
+        input=mail.message(),
+        env=_as(name, email, mail.date),
+    )
     return mail
 
 
@@ -313,21 +328,40 @@ def pytest_outcome(stdout: str) -> dict:
     )
     out = {
         "summary": _no_warnings(summary),
-        "passed": count.get("passed", 0), "failed": count.get("failed", 0),
-        "skipped": count.get("skipped", 0), "errors": errors, "cpu_teardown_errors": benign,
+        "passed": count.get("passed", 0),
+        "failed": count.get("failed", 0),
+        "skipped": count.get("skipped", 0),
+        "errors": errors,
+        "cpu_teardown_errors": benign,
         "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", stdout, re.M))),
-    }  # fmt: skip
+    }
     out["green"] = out["passed"] > 0 and out["failed"] == 0 and errors == benign
     out["red"] = out["failed"] > 0 or errors > benign
     return out
 
 
 def run_pytest(tree: Path, files: list[str]) -> dict:
-    from harness import scenario_env
+    from tpfix.replay.harness import scenario_env
 
-    cmd = ["-m", "pytest", "-p", "vllm_cpu_stubs", "-p", "no:cacheprovider", "-q", "-rfEs", *files]
-    proc = subprocess.run([sys.executable, *cmd], cwd=tree, env=scenario_env(tree),
-                          text=True, capture_output=True, timeout=900)  # fmt: skip
+    cmd = [
+        "-m",
+        "pytest",
+        "-p",
+        "tpfix.replay.vllm_cpu_stubs",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfEs",
+        *files,
+    ]
+    proc = subprocess.run(
+        [sys.executable, *cmd],
+        cwd=tree,
+        env=scenario_env(tree),
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
     res = pytest_outcome(proc.stdout)
     res["rc"] = proc.returncode
     if not res["summary"]:
@@ -366,12 +400,18 @@ def validate(tag: str, series: Path, name: str) -> dict:
         if not red["red"]:
             raise Fail(f"{name}: its tests pass without the patch: {red['summary']}")
     for check in CHECKS.get(name, []):
-        entry = {"spec": check.spec, "why": check.why,
-                 "without": run_check(before, check), "with": run_check(after, check)}  # fmt: skip
+        entry = {
+            "spec": check.spec,
+            "why": check.why,
+            "without": run_check(before, check),
+            "with": run_check(after, check),
+        }
         res["checks"].append(entry)
         if entry["with"]["passed"] is not True or entry["without"]["passed"] is not False:
-            raise Fail(f"{name}: scenario {check.spec} is not red without / green with it: "
-                       f"{json.dumps(entry)[:1500]}")  # fmt: skip
+            raise Fail(
+                f"{name}: scenario {check.spec} is not red without / green with it: "
+                f"{json.dumps(entry)[:1500]}"
+            )
     return res
 
 
@@ -390,8 +430,10 @@ def _said(run: dict) -> str:
     """A pytest outcome in words, benign CPU teardown errors named as such."""
     text = run["summary"]
     if run.get("cpu_teardown_errors"):
-        text += (f" ({run['cpu_teardown_errors']} errors: teardown of upstream tests not "
-                 "marked skip_global_cleanup, torch.accelerator on a CPU-only host)")  # fmt: skip
+        text += (
+            f" ({run['cpu_teardown_errors']} errors: teardown of upstream tests not "
+            "marked skip_global_cleanup, torch.accelerator on a CPU-only host)"
+        )
     if run.get("errors") and not run.get("passed") and not run.get("failed"):
         text += " (collection error: the tests import what the patch adds)"
     return text
@@ -402,8 +444,10 @@ def _scenario(result: dict) -> str:
         return f"{result['error']}: {result.get('message', '')}"
     if "failures" in result:
         ex = (result.get("failure_examples") or [{}])[0].get("error", "")
-        said = (f"{result['failures']} FlashInfer errors, {result.get('unfused', 0)} "
-                f"unfused fallbacks in {result.get('checked')} calls")  # fmt: skip
+        said = (
+            f"{result['failures']} FlashInfer errors, {result.get('unfused', 0)} "
+            f"unfused fallbacks in {result.get('checked')} calls"
+        )
         return said + (f"; {ex}" if ex else "")
     return ""
 
@@ -416,14 +460,18 @@ def _result_lines(tag: str, val: dict | None, index: int) -> list[str]:
     out = []
     for t in val["tests"]:
         cmd = " ".join(["pytest", *t["files"]])
-        out += [f"- `{cmd}`", f"  - {on}: **{_said(t['with'])}**",
-                f"  - {off} with only the new tests: {_said(t['without'])} "
-                "(red, as expected)"]  # fmt: skip
+        out += [
+            f"- `{cmd}`",
+            f"  - {on}: **{_said(t['with'])}**",
+            f"  - {off} with only the new tests: {_said(t['without'])} (red, as expected)",
+        ]
     for c in val["checks"]:
         why = " ".join(_scenario(c["without"].get("result", {})).split())
-        out += [f"- Scenario `{c['spec']}`: {c['why']}.",
-                f"  - {off}: fails ({why[:400]})" if why else f"  - {off}: fails",
-                f"  - {on}: passes"]  # fmt: skip
+        out += [
+            f"- Scenario `{c['spec']}`: {c['why']}.",
+            f"  - {off}: fails ({why[:400]})" if why else f"  - {off}: fails",
+            f"  - {on}: passes",
+        ]
     return out
 
 
@@ -531,23 +579,33 @@ def export(
         template = git(repo, "show", "HEAD:.github/PULL_REQUEST_TEMPLATE.md", check=False).stdout
         root = git(repo, "rev-parse", "HEAD").stdout.strip()
         mails = [commit_patch(repo, series.parent / n, author, index_only=True) for n in names]
-        proc = git(repo, "format-patch", "--numbered", "--no-signature", "-o", str(out),
-                   f"{root}..HEAD")  # fmt: skip
+        proc = git(
+            repo, "format-patch", "--numbered", "--no-signature", "-o", str(out), f"{root}..HEAD"
+        )
         files = [Path(p) for p in proc.stdout.split()]
     report = {"tag": tag, "base_commit": base, "series": str(series), "patches": []}
     for i, (name, mail, f) in enumerate(zip(names, mails, files, strict=True), start=1):
         pr = out / f.with_suffix(".md").name
-        pr.write_text(pr_description(tag, i, len(names), name, mail, validation.get(name),
-                                     base, template))  # fmt: skip
-        report["patches"].append({
-            "name": name, "mail": f.name, "pr": pr.name, "subject": mail.subject,
-            "author": mail.author, "fixes": _fixes(mail),
-            "validation": validation.get(name),
-        })  # fmt: skip
+        pr.write_text(
+            pr_description(tag, i, len(names), name, mail, validation.get(name), base, template)
+        )
+        report["patches"].append(
+            {
+                "name": name,
+                "mail": f.name,
+                "pr": pr.name,
+                "subject": mail.subject,
+                "author": mail.author,
+                "fixes": _fixes(mail),
+                "validation": validation.get(name),
+            }
+        )
         if mail.author.rstrip(">").endswith(".invalid"):
-            print(f"warning: {f.name}: author {mail.author} is a placeholder; the DCO "
-                  "needs the submitter's identity: --author 'Name <email>'",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"warning: {f.name}: author {mail.author} is a placeholder; the DCO "
+                "needs the submitter's identity: --author 'Name <email>'",
+                file=sys.stderr,
+            )
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

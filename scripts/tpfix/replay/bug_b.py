@@ -47,7 +47,7 @@ import os
 import types
 from typing import Any
 
-from bug_a import trtllm_sizes
+from tpfix.replay.bug_a import trtllm_sizes
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
@@ -78,7 +78,8 @@ def _install_simulation() -> dict[str, Any]:
     import flashinfer.comm.trtllm_ar as fi_trtllm
     import flashinfer.comm.trtllm_mnnvl_ar as fi_mnnvl
     import torch
-    import vllm_cpu_stubs  # noqa: F401  (CPU stand-ins for torch.ops._C)
+
+    from tpfix.replay import vllm_cpu_stubs  # noqa: F401  (CPU stand-ins for torch.ops._C)
 
     launches: list[dict[str, Any]] = []
     allocations: list[dict[str, Any]] = []
@@ -274,9 +275,13 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     )
     shape = vfi.get_fi_ar_workspace_shape(cfg)
     vfi.get_fi_ar_workspace(
-        world_size=tp, rank=0, max_token_num=shape[0], hidden_dim=shape[1], dtype=dtype,
+        world_size=tp,
+        rank=0,
+        max_token_num=shape[0],
+        hidden_dim=shape[1],
+        dtype=dtype,
         group=_STATE["group"],
-    )  # fmt: skip
+    )
     return per_width, shape
 
 

@@ -11,9 +11,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from common import main_wrapper, sdist_pin  # noqa: E402
-from fetch import fetch_sdist  # noqa: E402
+from tpfix.common import main_wrapper, sdist_pin
+from tpfix.fetch import fetch_sdist
 
 
 def main() -> None:
@@ -28,10 +27,18 @@ def main() -> None:
         req.write_bytes(tar.extractfile(member).read())
         print(f"installing {member.name} into {sys.prefix}", file=sys.stderr)
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q",
-             "--disable-pip-version-check", "-r", str(req)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-r",
+                str(req),
+            ],
             check=True,
-        )  # fmt: skip
+        )
     stamp.write_text(pin.sha256)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATCHES = ROOT / "patches"
 SERIES = PATCHES / "series"
 PINS = ROOT / "pins"

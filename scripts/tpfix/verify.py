@@ -20,7 +20,7 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from common import PATCHES, Fail, main_wrapper, read_series
+from tpfix.common import PATCHES, Fail, main_wrapper, read_series
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -121,12 +121,13 @@ def main() -> None:
     ap.add_argument("official", type=Path)
     ap.add_argument("tree", type=Path)
     args = ap.parse_args()
-    from common import read_version
+    from tpfix.common import read_version
 
     problems = verify_wheel(args.built, args.official, args.tree, read_version())
     if problems:
-        raise Fail(f"{args.built.name} does not match the official wheel:\n  "
-                   + "\n  ".join(problems))  # fmt: skip
+        raise Fail(
+            f"{args.built.name} does not match the official wheel:\n  " + "\n  ".join(problems)
+        )
     print(f"{args.built.name}: verified against {args.official.name}")
 
 

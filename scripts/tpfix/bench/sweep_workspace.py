@@ -23,29 +23,40 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
 
 PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
 
 # hidden_size of real models (config.json)
 TARGETS = {
-    "Qwen3-30B-A3B": 2048, "Qwen3-8B": 4096, "Qwen3-14B": 5120, "Qwen3-32B": 5120,
-    "Qwen3-235B-A22B": 4096, "Llama-3.1-8B": 4096, "Llama-3.1-70B": 8192,
-    "Llama-3.3-70B": 8192, "Llama-3.1-405B": 16384, "DeepSeek-V3": 7168,
-    "gpt-oss-120b": 2880, "GLM-4.5-Air": 4096, "GLM-4.5": 5120, "GLM-5.2": 6144,
+    "Qwen3-30B-A3B": 2048,
+    "Qwen3-8B": 4096,
+    "Qwen3-14B": 5120,
+    "Qwen3-32B": 5120,
+    "Qwen3-235B-A22B": 4096,
+    "Llama-3.1-8B": 4096,
+    "Llama-3.1-70B": 8192,
+    "Llama-3.3-70B": 8192,
+    "Llama-3.1-405B": 16384,
+    "DeepSeek-V3": 7168,
+    "gpt-oss-120b": 2880,
+    "GLM-4.5-Air": 4096,
+    "GLM-4.5": 5120,
+    "GLM-5.2": 6144,
     "Mistral-Large-2": 12288,
-}  # fmt: skip
+}
 DRAFTS = {
-    "Qwen3-0.6B": 1024, "Qwen3-1.7B": 2048, "Qwen3-4B": 2560, "Qwen3-8B": 4096,
-    "Llama-3.2-1B": 2048, "Llama-3.2-3B": 3072, "Llama-3.1-8B": 4096, "gpt-oss-20b": 2880,
-}  # fmt: skip
+    "Qwen3-0.6B": 1024,
+    "Qwen3-1.7B": 2048,
+    "Qwen3-4B": 2560,
+    "Qwen3-8B": 4096,
+    "Llama-3.2-1B": 2048,
+    "Llama-3.2-3B": 3072,
+    "Llama-3.1-8B": 4096,
+    "gpt-oss-20b": 2880,
+}
 FAMILIES = ("Qwen3", "Llama", "gpt-oss")
 
 
@@ -62,18 +73,30 @@ def pairs() -> list[tuple[str, int, str | None, int | None]]:
 
 def configs() -> list[dict]:
     grid = itertools.product(
-        pairs(), (2, 4, 8), (90, 100, 103), (16, 128, 1024, 2048, 8192, 16384),
-        ("trtllm", "mnnvl"), (False, True),
-    )  # fmt: skip
+        pairs(),
+        (2, 4, 8),
+        (90, 100, 103),
+        (16, 128, 1024, 2048, 8192, 16384),
+        ("trtllm", "mnnvl"),
+        (False, True),
+    )
     return [
-        dict(target=th, draft=dh, tp=tp, capability=sm, tokens=n, backend=be, standalone=sa,
-             names=[t, d])
+        dict(
+            target=th,
+            draft=dh,
+            tp=tp,
+            capability=sm,
+            tokens=n,
+            backend=be,
+            standalone=sa,
+            names=[t, d],
+        )
         for (t, th, d, dh), tp, sm, n, be, sa in grid
-    ]  # fmt: skip
+    ]
 
 
 def run(tree: Path, cfgs: list[dict], chunk: int = 400) -> list[dict]:
-    from harness import run_scenario
+    from tpfix.replay.harness import run_scenario
 
     rows: list[dict] = []
     for i in range(0, len(cfgs), chunk):
@@ -100,8 +123,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="only the first N configurations")
     args = ap.parse_args()
-    from common import read_series
-    from harness import tree_after, tree_before
+    from tpfix.common import read_series
+    from tpfix.replay.harness import tree_after, tree_before
 
     cfgs = configs()[: args.limit]
     trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
@@ -109,14 +132,18 @@ def main() -> None:
         futs = {k: pool.submit(run, t, cfgs) for k, t in trees.items()}
         res = {k: f.result() for k, f in futs.items()}
     before, after = res["v0.27.1"], res["patched"]
-    print(f"{len(cfgs)} configurations ({len(pairs())} target/draft pairs x TP 2/4/8 x "
-          "SM 90/100/103 x 6 token limits x trtllm/mnnvl x standalone off/on), "
-          "each in cold and warm order")  # fmt: skip
+    print(
+        f"{len(cfgs)} configurations ({len(pairs())} target/draft pairs x TP 2/4/8 x "
+        "SM 90/100/103 x 6 token limits x trtllm/mnnvl x standalone off/on), "
+        "each in cold and warm order"
+    )
     for name, rows in res.items():
         s = summary(rows)
-        print(f"  {name:8} crashing configurations: {s['crash']['any']} "
-              f"(cold {s['crash']['cold']}, warm {s['crash']['warm']}; with a draft "
-              f"narrower than the target: {s['crash_narrower_draft']})")  # fmt: skip
+        print(
+            f"  {name:8} crashing configurations: {s['crash']['any']} "
+            f"(cold {s['crash']['cold']}, warm {s['crash']['warm']}; with a draft "
+            f"narrower than the target: {s['crash_narrower_draft']})"
+        )
     lost = gained = same = 0
     for b, a in zip(before, after, strict=True):
         for model, top in b["fused_top"].items():
@@ -124,8 +151,10 @@ def main() -> None:
             lost += t < top
             gained += t > top
             same += t == top
-    print(f"  fused range per model (largest fused token count), patched vs v0.27.1: "
-          f"{same} same, {lost} smaller, {gained} larger")  # fmt: skip
+    print(
+        f"  fused range per model (largest fused token count), patched vs v0.27.1: "
+        f"{same} same, {lost} smaller, {gained} larger"
+    )
     pairs_ = list(zip(before, after, strict=True))
     is_mixed = [a["config"]["draft"] not in (None, a["config"]["target"]) for _, a in pairs_]
     mixed = [p for p, m in zip(pairs_, is_mixed, strict=True) if m]
@@ -149,13 +178,17 @@ def main() -> None:
             excess["above, as much as v0.27.1"] += got > m and got == b["cold"]["bytes"]
             worst = max(worst, (pct, a["config"]), key=lambda x: x[0])
         pcts.sort()
-        print(f"  mixed widths, {backend}: patched bytes per rank vs FlashInfer's minimum: "
-              f"{dict(excess)}; excess median {pcts[len(pcts) // 2] if pcts else 0:.2f}%, "
-              f"max {worst[0]:.2f}%{f' at {worst[1]}' if worst[1] else ''}")  # fmt: skip
+        print(
+            f"  mixed widths, {backend}: patched bytes per rank vs FlashInfer's minimum: "
+            f"{dict(excess)}; excess median {pcts[len(pcts) // 2] if pcts else 0:.2f}%, "
+            f"max {worst[0]:.2f}%{f' at {worst[1]}' if worst[1] else ''}"
+        )
     grew = [a["cold"]["bytes"] - b["cold"]["bytes"] for b, a in zip(before, after, strict=True)]
-    print(f"  patched minus v0.27.1 bytes per rank (cold order): "
-          f"{sum(g > 0 for g in grew)} larger, {sum(g == 0 for g in grew)} equal, "
-          f"{sum(g < 0 for g in grew)} smaller; max +{max(grew) / 2**20:.2f} MiB")  # fmt: skip
+    print(
+        f"  patched minus v0.27.1 bytes per rank (cold order): "
+        f"{sum(g > 0 for g in grew)} larger, {sum(g == 0 for g in grew)} equal, "
+        f"{sum(g < 0 for g in grew)} smaller; max +{max(grew) / 2**20:.2f} MiB"
+    )
     for name, rows in res.items():
         bad = [r for r in rows if r["cold"]["crash"] or r["warm"]["crash"]][:3]
         for r in bad:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import (
+from tpfix.common import (
     PINS,
     TAG,
     Artifact,
@@ -108,11 +108,22 @@ def _fetch(art: Artifact, pinfile: Path | None) -> Path:
             env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=art.version)
         print(f"fetch: {art.filename} (pip download)", file=sys.stderr)
         proc = run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-             "--disable-pip-version-check", "-r", str(req), "-d", str(out),
-             *_pip_args(art)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--require-hashes",
+                "--disable-pip-version-check",
+                "-r",
+                str(req),
+                "-d",
+                str(out),
+                *_pip_args(art),
+            ],
             env=env,
-        )  # fmt: skip
+        )
         if proc.returncode != 0:
             raise Fail(_explain_pip_failure(art, proc.stdout + proc.stderr))
         got = out / art.filename

@@ -20,15 +20,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from tpfix.common import cache_dir, cache_lock, read_series
+from tpfix.fetch import fetch_test_dep
+from tpfix.patch import cached_tree
 
-from common import cache_dir, cache_lock, read_series  # noqa: E402
-from fetch import fetch_test_dep  # noqa: E402
-from patch import cached_tree  # noqa: E402
-
-SUPPORT = ROOT / "tests" / "support"
-SCENARIOS = ROOT / "tests" / "scenarios"
+# The folder that holds the tpfix package: scenario interpreters import the
+# replays (tpfix.replay.<module>) and the CPU stand-ins from it.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tree_after(patch: str) -> Path:
@@ -68,7 +66,7 @@ def flashinfer_site(version: str) -> Path:
 
 def scenario_env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [tree, flashinfer_site(pinned_flashinfer(tree)), SUPPORT, SCENARIOS]
+    paths = [tree, flashinfer_site(pinned_flashinfer(tree)), PACKAGE_ROOT]
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # trees are shared, keep them clean
@@ -79,7 +77,7 @@ _RUNNER = """
 import importlib, json, sys, traceback
 mod, fn, kwargs, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 try:
-    result = getattr(importlib.import_module(mod), fn)(**kwargs)
+    result = getattr(importlib.import_module("tpfix.replay." + mod), fn)(**kwargs)
 except BaseException as e:
     traceback.print_exc()
     result = {"error": type(e).__name__, "message": str(e)}
@@ -94,9 +92,12 @@ def run_scenario(tree: Path, spec: str, timeout: float = 900, **kwargs) -> dict:
         out = Path(tmp) / "result.json"
         proc = subprocess.run(
             [sys.executable, "-c", _RUNNER, module, func, json.dumps(kwargs), str(out)],
-            env=scenario_env(tree), cwd=tmp, text=True, capture_output=True,
+            env=scenario_env(tree),
+            cwd=tmp,
+            text=True,
+            capture_output=True,
             timeout=timeout,
-        )  # fmt: skip
+        )
         if not out.exists():
             raise AssertionError(
                 f"scenario {spec} crashed in {tree} (rc={proc.returncode}):\n" + proc.stderr[-4000:]

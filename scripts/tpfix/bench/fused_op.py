@@ -14,12 +14,6 @@ alternate between the trees; the best round of each is printed.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
 
 PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
 
@@ -28,8 +22,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from common import read_series
-    from harness import run_scenario, tree_after, tree_before
+    from tpfix.common import read_series
+    from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
     trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
     for backend in ("trtllm", "mnnvl"):

@@ -1,0 +1,1 @@
+"""The tpfix distribution of vLLM: build, verify and maintain it."""

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figures side by side with the upstream path."""

@@ -1,0 +1,1 @@
+"""Maintainer tools: the quilt workflow, rebase onto a new tag, upstream export."""
