@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Build the patched vLLM wheel into dist/:
 #   fetch -> verify -> patch -> build -> verify -> package   (scripts/tpfix/pipeline.py)
 # Options: --arch x86_64|aarch64, --dist DIR (see scripts/tpfix/pipeline.py);

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # The test command: lint, then the whole pytest suite (tests/).
 # Sets up build/venv (build + test requirements, and vLLM v0.27.1's common
 # runtime requirements for the scenario tests), shared with ./build.sh.

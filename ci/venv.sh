@@ -1,4 +1,6 @@
 # shellcheck shell=bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Sourced by build.sh and ci/test.sh: make (or update) build/venv from the
 # requirement files given as arguments, and check the tools the pipeline needs.
 ensure_venv() {

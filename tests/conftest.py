@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """pytest set-up: make tests/harness.py and scripts/ importable, and share one
 real ./build.sh run between the tests that need a built wheel."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """A local stand-in for vllm/vllm-openai:v0.27.1, built without any registry.
 
 The real base cannot be pulled here.  The stand-in keeps what the image build

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bad input gets a clear error naming the file and the fix, and loses nothing.
 
 Each test runs the real scripts in a copy of this repository's pipeline files

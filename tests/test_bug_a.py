@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug A (seed 000, issue 3): FlashInfer all-reduce fusion workspace sized
 from the first caller instead of the engine configuration.
 

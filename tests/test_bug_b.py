@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B (seed 001, issue 4): the one-shot all-reduce threshold in two units.
 
 The scenarios (tests/scenarios/bug_b.py) run the tree's real vLLM code (the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug C: vLLM 0.27.1 cannot start TP>=2 on Python 3.10/3.11 (patch 0001).
 
 Red before the patch, green after: the tree's own pinned FlashInfer is used

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The build as a user runs it: ./build.sh, then what the wheel must be.
 
 One real build (and a second one for reproducibility) per session; the other

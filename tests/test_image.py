@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The container image (Dockerfile, scripts/image.py), built here without a registry.
 
 The real base, vllm/vllm-openai:v0.27.1, cannot be pulled; tests/standin_image.py

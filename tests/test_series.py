@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The quilt series: exact application, canonical form, headers, lint, version."""
 
 from __future__ import annotations

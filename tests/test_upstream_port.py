@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The series moved to vLLM v0.33.0: rebase report, forward port, export.
 
 * scripts/rebase.py classifies every patch of patches/series on v0.33.0 (the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The vLLM tests each patch carries (in vLLM's own tests/ layout) are red/green.
 
 For every patch that adds or changes test functions under the vLLM tree's

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 3: build the wheel from the patched tree with vLLM's own setup.py.
 
 vLLM's precompiled-kernel mode (VLLM_USE_PRECOMPILED=1) copies every compiled

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Shared paths, settings and error type of the distribution pipeline.
 
 Every stage (fetch -> patch -> build -> verify -> package) raises `Fail` with a

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 1: fetch the pinned upstream artifacts with pip and verify their sha256.
 
 Artifacts land in <cache>/sha256/<hex>/<filename> (cache: $VLLM_DIST_CACHE or

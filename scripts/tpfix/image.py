@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Container image: the official vLLM image with our wheel (Dockerfile).
 
     python scripts/image.py                       # image from dist/ (./build.sh first)

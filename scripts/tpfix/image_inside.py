@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Runs inside the image build (Dockerfile), with the base image's own Python.
 
 Standard library and the base's pip only (any Python >= 3.8); scripts/image.py
@@ -111,7 +113,7 @@ def pip_check() -> list[str]:
 
 
 def pip_vendored():
-    """pip's own copy of `packaging` (every pip has one): requirement parsing."""
+    """The base image pip's own copy of `packaging` (every pip has one): requirement parsing."""
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.version import Version
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 5: publish a verified wheel into dist/ with its SHA256SUMS.
 
 The wheel is staged next to dist/ and moved in with os.replace (atomic on one

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 2: unpack the verified sdist into a fresh tree and apply the quilt series.
 
 A patch must apply exactly: quilt runs with --fuzz=0 and any offset counts as a
@@ -174,7 +176,7 @@ def cached_tree(
     series: Path = SERIES,
     patches: Path = PATCHES,
 ) -> Path:
-    """pristine `tag`+`series` up to `upto`, cached by content under <cache>/trees."""
+    """The pristine `tag`+`series` up to `upto`, cached by content under <cache>/trees."""
     names = read_series(series)
     if upto == "":
         names = []

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The whole job behind ./build.sh: fetch -> verify -> patch -> build -> verify -> package.
 
     ./build.sh                      # wheel for this machine's arch into dist/

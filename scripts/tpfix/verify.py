@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 4: compare the built wheel with the official one, file by file.
 
 Allowed differences, and nothing else:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Benchmark the build against the upstream path, side by side, in one run.
 
 Prints: the upstream path (pip download of the official wheel, no cache) next

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Per-call Python cost of vLLM's fused all-reduce + RMSNorm op, v0.27.1 (the
 tree before patch 0002) next to the patched series, in one run.
 

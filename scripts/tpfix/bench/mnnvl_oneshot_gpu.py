@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Tune the one-shot/two-shot crossover of FlashInfer's fused all-reduce.
 
 GPU micro-benchmark for owners of multi-GPU machines (bug B, issue 4).  For one

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B: FlashInfer all-reduce workspace memory and one-shot/two-shot choice,
 before and after the patch, measured by running the real code of two trees.
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Sweep of the FlashInfer all-reduce workspace over >= 10,000 deployments,
 v0.27.1 (the tree before patch 0002) against the patched series, one run.
 

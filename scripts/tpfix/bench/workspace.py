@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """FlashInfer all-reduce fusion workspace per rank, before and after patch
 0002 (bug A), for the seed configuration and a few others.
 

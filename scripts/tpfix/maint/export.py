@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Export the forward-ported series as mails and pull-request descriptions.
 
     python scripts/export.py                  # upstream/v0.33.0 -> build/export/v0.33.0/

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Move the series to another upstream tag and say, per patch, where it stands.
 
     python scripts/rebase.py v0.33.0                  # report into build/rebase/v0.33.0/
@@ -242,7 +244,7 @@ def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
 
 
 def merge3(current: Path, base: Path, other: Path) -> tuple[int, str]:
-    """git merge-file: (number of conflicts, merged text with diff3 markers)."""
+    """Run git merge-file: (number of conflicts, merged text with diff3 markers)."""
     proc = run(
         [
             "git",

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Maintainer workflow for the quilt series in patches/.
 
     scripts/series.py setup            # build/dev/vllm: pristine tree bound to patches/

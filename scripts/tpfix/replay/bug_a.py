@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug A scenarios (seed 000, issue 3): the FlashInfer all-reduce fusion
 workspace under speculative decoding with TP > 1.
 

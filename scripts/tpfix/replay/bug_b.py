@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B (seed 001): one-shot all-reduce threshold in two different units.
 
 Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:
@@ -651,7 +652,7 @@ def bench_table(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _vllm_trtllm_table_oneshot_bytes(arf, capability: int, tp: int):
-    """vLLM's tuned (TRT-LLM) one-shot limit of the tree, in one-shot bytes."""
+    """The tuned (TRT-LLM) one-shot limit of the tree's vLLM, in one-shot bytes."""
     if hasattr(arf, "_FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB"):
         mb = arf._FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB.get(capability, {}).get(tp)
         return None if mb is None else mb * MiB

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug C scenario: the CUDA communicator's FlashInfer import on Python < 3.12.
 
 Real code only: vLLM's own flashinfer_all_reduce module from the tree, with

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Install vLLM v0.27.1's common runtime requirements into this venv.
 
 The scenario tests import the real vLLM from source trees (no compiled

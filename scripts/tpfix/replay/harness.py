@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Trees of the series and a runner that executes real vLLM code inside them.
 
 `tree_before(p)` / `tree_after(p)` are pristine v0.27.1 plus the series up to

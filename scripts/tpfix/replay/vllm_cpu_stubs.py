@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """CPU stand-ins for the ``torch.ops._C`` custom ops that vLLM modules touch
 at import time.
 
@@ -183,7 +184,7 @@ def register() -> list[str]:
     if not missing:
         return []
     if _lib is None:
-        _lib = torch.library.Library("_C", "FRAGMENT")  # noqa: TOR901
+        _lib = torch.library.Library("_C", "FRAGMENT")
     for name in missing:
         _lib.define(SCHEMAS[name])
         _lib.impl(name, IMPLS[name], "CompositeExplicitAutograd")
