@@ -154,7 +154,7 @@ def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
     [
         ("0.27.1-tpfix", "VERSION: '0.27.1-tpfix' is not a PEP 440 version"),
         ("0.27.1+TPFIX.1", "VERSION: write the normalized form '0.27.1+tpfix.1'"),
-        ("0.27.2+tpfix.1", "VERSION: public version 0.27.2 is not the pinned 0.27.1"),
+        ("0.27.2+tpfix.1", "VERSION: public version 0.27.2 has no pins (v0.27.2.toml is missing)"),
         ("0.27.1+other.1", "VERSION: '0.27.1+other.1' needs the local label +tpfix.<n>"),
     ],
 )

@@ -27,8 +27,10 @@ PATCHES = ROOT / "patches"
 SERIES = PATCHES / "series"
 PINS = ROOT / "pins"
 VERSION_FILE = ROOT / "VERSION"
-# The pinned upstream release; its artifacts are in pins/<TAG>.toml.
-TAG = "v0.27.1"
+# The pinned upstream release, read from VERSION (its public part): VERSION is
+# the one place that names it; its artifacts are in pins/<TAG>.toml.
+# read_version() validates VERSION fully, this only reads it.
+TAG = "v" + (VERSION_FILE.read_text().strip().split("+")[0] if VERSION_FILE.exists() else "")
 # The local version label that names this distribution: <upstream>+<LABEL>.<n>.
 LABEL = "tpfix"
 
@@ -129,9 +131,12 @@ def read_version(path: Path = VERSION_FILE) -> str:
         raise Fail(f"{path}: {text!r} is not a PEP 440 version") from None
     if str(v) != text:
         raise Fail(f"{path}: write the normalized form {str(v)!r}, not {text!r}")
-    upstream = sdist_pin().version
+    pins = PINS / f"v{v.public}.toml"
+    if not pins.exists():
+        raise Fail(f"{path}: public version {v.public} has no pins ({pins.name} is missing)")
+    upstream = sdist_pin(f"v{v.public}").version
     if v.public != upstream:
-        raise Fail(f"{path}: public version {v.public} is not the pinned {upstream}")
+        raise Fail(f"{path}: public version {v.public} is not {pins.name}'s sdist {upstream}")
     if not v.local or not v.local.startswith(f"{LABEL}."):
         raise Fail(f"{path}: {text!r} needs the local label +{LABEL}.<n>")
     return text
