@@ -202,3 +202,85 @@ def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     assert {p.name: p.read_bytes() for p in dist.iterdir()} == before
     assert not list(tmp_path.glob(".dist-staging.*"))
     assert not list((tmp_path / "work").glob("tree.*"))
+
+
+# A first build holding its folders, through the pipeline's own lock (build_locks):
+# it leaves a tree and a staging folder as a running build has, and sleeps.
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from tpfix.pipeline import build_locks
+work, dist = Path(sys.argv[1]), Path(sys.argv[2])
+with build_locks(work, dist):
+    (work / "tree.first" / "vllm").mkdir(parents=True)
+    (work / "tree.first" / "vllm" / "setup.py").write_text("the first build's tree")
+    (dist.parent / ".dist-staging.first").mkdir()
+    print("locked", flush=True)
+    time.sleep(300)
+"""
+
+
+def _first_build(repo: Path, work: Path, dist: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(work), str(dist)],
+        cwd=repo,
+        env=dict(os.environ, PYTHONPATH=str(repo / "scripts")),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_second_build_in_the_same_folders_stops_naming_the_first(repo: Path, tmp_path: Path):
+    work, dist = tmp_path / "work", tmp_path / "dist"
+    first = _first_build(repo, work, dist)
+    try:
+        t0 = time.monotonic()
+        proc = _run(repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(work))
+        took = time.monotonic() - t0
+        assert proc.returncode == 2, proc.stderr
+        assert took < 30, took  # at once: before fetching anything
+        err = proc.stderr
+        assert f"error: work folder {work} is in use by another build: pid {first.pid} " in err
+        assert "started 20" in err
+        assert "command: " in err and "build_locks(work, dist)" in err  # its command line
+        assert "Wait until that build has finished" in err
+        assert "--workdir DIR --dist DIR" in err
+        assert "Traceback" not in err
+        assert "==> patch" not in err
+        # Its own work folder, the same dist folder: refused too, naming the dist.
+        proc = _run(
+            repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(tmp_path / "w2")
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"error: dist folder {dist} is in use by another build: pid {first.pid}" in (
+            proc.stderr
+        )
+        assert "./build.sh --dist DIR" in proc.stderr
+        # The first build's tree and staging folder are untouched.
+        tree = work / "tree.first" / "vllm" / "setup.py"
+        assert tree.read_text() == "the first build's tree"
+        assert (tmp_path / ".dist-staging.first").is_dir()
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_lock_of_a_killed_build_does_not_block(repo: Path, tmp_path: Path):
+    work, dist = tmp_path / "work", tmp_path / "dist"
+    first = _first_build(repo, work, dist)
+    first.kill()  # SIGKILL: no clean-up; the kernel drops its flock
+    first.wait()
+    assert f"pid: {first.pid}\n" in (work / ".lock").read_text()  # its lock file stays
+    # A build that stops at the patch stage: it got past the locks and the clean-up.
+    name = _break_patch(repo, "conflict")
+    proc = _run(repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(work))
+    assert proc.returncode == 2, proc.stderr
+    assert "in use by another build" not in proc.stderr
+    assert f"patches/{name}" in proc.stderr
+    # What the killed build left is gone, removed under the lock; nothing else is left.
+    assert not list(work.glob("tree.*"))
+    assert not list(tmp_path.glob(".dist-staging.*"))
+    assert (work / ".lock").read_text() == ""

@@ -47,6 +47,7 @@ from tpfix.common import (
     read_version,
     run,
 )
+from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
 INSIDE = Path(__file__).with_name("image_inside.py")
@@ -422,7 +423,9 @@ def main() -> None:
     add_image_args(ap)
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
-    built = image_from_args(args, args.dist)
+    # The image is made from dist/'s wheel: no build may replace it meanwhile.
+    with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
+        built = image_from_args(args, args.dist)
     if args.measure:
         sizes = measure(built, args.base)
         print(f"layers added to the base: {sizes.pop('layers added')}")

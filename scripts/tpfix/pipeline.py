@@ -9,11 +9,19 @@
 
 Work happens under build/ (a fresh patched tree per run, logs) and a staging
 folder next to dist/; dist/ only ever receives a verified wheel.
+
+One build per folder: a run holds an exclusive lock on its work folder
+(`<workdir>/.lock`) and on its dist folder (`.<dist>.lock` beside it, as the
+staging folder is) from start to end, image stage included.  A second build
+on either stops at once, naming the first (pid, start time, command line);
+it does not wait (why: tpfix/worklock.py).  What a killed run left behind
+(`<workdir>/tree.*`, `.<dist>-staging.*`) is removed only while holding both.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import signal
 import sys
@@ -27,6 +35,7 @@ from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.package import publish
 from tpfix.patch import prepare_tree
 from tpfix.verify import verify_wheel
+from tpfix.worklock import dist_lock, workdir_lock
 
 
 def _step(msg: str) -> None:
@@ -37,7 +46,26 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _staging_prefix(dist: Path) -> str:
+    # Named after its dist folder, so that a build into a sibling folder
+    # (--dist elsewhere in the same parent) never removes this one's.
+    return f".{dist.name}-staging."
+
+
+@contextlib.contextmanager
+def build_locks(workdir: Path, dist: Path):
+    """Hold the work folder and the dist folder for one build (see worklock)."""
+    with workdir_lock(workdir), dist_lock(dist):
+        yield
+
+
 def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
+    """The whole build, holding its folders (build_locks) from start to end."""
+    with build_locks(workdir, dist):
+        return _run_locked(arch, dist, workdir)
+
+
+def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
     version = read_version()
     _step(f"fetch + verify pins (vllm sdist, official {arch} wheel)")
     sdist = fetch_sdist()
@@ -45,10 +73,12 @@ def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
-    for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(".dist-staging.*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    prefix = _staging_prefix(dist)
+    # Left by a killed run: no live build can own them, as we hold both locks.
+    for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(prefix + "*")):
+        shutil.rmtree(stale, ignore_errors=True)
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
-    staging = Path(tempfile.mkdtemp(prefix=".dist-staging.", dir=dist.parent))
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:
         _step(f"patch: pristine {sdist.name} + {len(read_series())} patches (quilt)")
         tree = prepare_tree(tree_parent / "vllm")
@@ -92,10 +122,12 @@ def main() -> None:
     add_image_args(ap)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    final = run_pipeline(args.arch, args.dist, args.workdir)
-    print(final)
-    if args.image:
-        image_from_args(args, args.dist)
+    # The image stage reads dist/: no other build may replace the wheel meanwhile.
+    with build_locks(args.workdir, args.dist):
+        final = _run_locked(args.arch, args.dist, args.workdir)
+        print(final, flush=True)
+        if args.image:
+            image_from_args(args, args.dist)
 
 
 if __name__ == "__main__":
