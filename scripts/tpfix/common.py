@@ -112,14 +112,19 @@ def wheel_pin(arch: str, tag: str = TAG) -> Artifact:
 
 
 def read_series(series: Path = SERIES) -> list[str]:
-    if not series.exists():
-        return []
-    names = []
-    for line in series.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.append(line.split()[0])
-    return names
+    """The patch names of `series`: tpfix.patchfile.read_series (the series
+    reader lives with the patch-file parser; this name stays for callers)."""
+    from tpfix.patchfile import read_series as read
+
+    return read(series)
+
+
+def shown(path: Path) -> str:
+    """`path` as messages name it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def read_version(path: Path = VERSION_FILE) -> str:

@@ -54,6 +54,8 @@ import tempfile
 import types
 from typing import Any
 
+from tpfix.replay.verdict import by_exception
+
 MiB = 1024 * 1024
 SEED_MESSAGE = (
     "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
@@ -758,6 +760,13 @@ def warm_start(
         "created": list(_state["created"]),
         "kernel_calls": _kernel_calls(),
     }
+
+
+def check_warm_start(result: dict) -> bool | None:
+    """Fixed: both models load and run (no error); the bug: FlashInfer's
+    workspace validation rejects the wider model (ValueError "exceeds
+    workspace max_token_num")."""
+    return by_exception(result, "ValueError", "exceeds workspace max_token_num")
 
 
 def standalone(

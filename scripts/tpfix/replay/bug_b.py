@@ -53,7 +53,7 @@ from tpfix.replay.bug_a import trtllm_sizes
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
 # planned width, so AUTO can pick one-shot beyond the buffer.  Used by
-# tests/test_bug_b.py and scripts/rebase.py.
+# tests/test_bug_b.py and the Scenario: field of the patch that fixes it.
 NARROW_DRAFT = {
     "backend": "mnnvl",
     "capability": 90,
@@ -458,6 +458,15 @@ def run_case(
         twoshot_tokens={h: _ranges(v) for h, v in twoshot_ns.items()},
     )
     return out
+
+
+def check_run_case(result: dict) -> bool | None:
+    """Fixed: every call was checked by FlashInfer and ran fused (no
+    FlashInfer error, no unfused fallback); the bug: a FlashInfer error or
+    a fallback; any exception of the case itself is undecided."""
+    if "error" in result:
+        return None
+    return result["failures"] == 0 and result["unfused"] == 0 and result["checked"] > 0
 
 
 def _ranges(values: list[int]) -> list[list[int]]:

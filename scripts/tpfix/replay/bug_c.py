@@ -9,6 +9,8 @@ module still imports (FlashInfer's comm package is pure Python at import).
 
 import sys
 
+from tpfix.replay.verdict import by_exception
+
 
 def import_flashinfer_all_reduce() -> dict:
     import flashinfer
@@ -19,3 +21,10 @@ def import_flashinfer_all_reduce() -> dict:
         "flashinfer": flashinfer.__version__,
         "fi_ar_available": far.fi_ar_available,
     }
+
+
+def check_import_flashinfer_all_reduce(result: dict) -> bool | None:
+    """Fixed: the import works and the fused all-reduce is available; the
+    bug: FlashInfer's `array.array[int]` annotation raises TypeError."""
+    available = lambda r: r.get("fi_ar_available") is True
+    return by_exception(result, "TypeError", "array.array", available)

@@ -5,14 +5,26 @@
 `tree_before(p)` / `tree_after(p)` are pristine v0.27.1 plus the series up to
 but excluding / including patch `p` (cached by content under
 <cache>/trees).  `run_scenario(tree, "module:function", **kw)` runs
-tests/scenarios/<module>.py's function in a fresh interpreter whose imports of
+tpfix/replay/<module>.py's function in a fresh interpreter whose imports of
 `vllm` come from `tree` and whose FlashInfer is the release that tree pins in
 requirements/cuda.txt, and returns what the function returned (a JSON dict);
 an uncaught exception comes back as {"error": type name, "message": str}.
+
+A patch names the scenarios that show its fix in its header (patchfile):
+
+    Scenario: bug_b:run_case(**NARROW_DRAFT)
+     what the scenario shows when the patch works (folded lines)
+
+`module:function` of tpfix/replay, optionally with keyword arguments given
+by the name of a dict constant of that module, then the words the rebase
+report and the pull request print.  `patch_checks(patchfile)` turns those
+fields into `Check`s: the verdict on a result is the module's
+`check_<function>` (replay.verdict); `run_check(tree, check)` runs one.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -20,11 +32,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import cache_dir, cache_lock, read_series
+from tpfix.common import Fail, cache_dir, cache_lock
 from tpfix.fetch import fetch_test_dep
 from tpfix.patch import cached_tree
+from tpfix.patchfile import read_patch, read_series
 
 # The folder that holds the tpfix package: scenario interpreters import the
 # replays (tpfix.replay.<module>) and the CPU stand-ins from it.
@@ -108,3 +123,76 @@ def run_scenario(tree: Path, spec: str, timeout: float = 900, **kwargs) -> dict:
     if isinstance(result, dict) and "error" in result:
         result.setdefault("stderr", proc.stderr[-4000:])
     return result
+
+
+# -- the scenario checks a patch header names ------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One scenario function of tpfix/replay that shows a patch's fix.
+
+    `passes(result)` is True when the result shows the fixed behaviour, False
+    when it shows the bug, None when it shows neither (the scenario broke for
+    another reason: then the check decides nothing).  `why` says it in words.
+    """
+
+    spec: str  # "module:function" of tpfix/replay
+    why: str
+    passes: Callable[[dict], bool | None]
+    kwargs: dict = field(default_factory=dict)
+
+
+_SCENARIO = re.compile(r"^(\w+):(\w+)(?:\(\*\*(\w+)\))?$")
+
+
+def scenario_check(value: str, where: str = "?") -> Check:
+    """The Check of one `Scenario:` header field value (see the module doc)."""
+    spec, _, why = value.strip().partition(" ")
+    m = _SCENARIO.match(spec)
+    if not m:
+        raise Fail(
+            f"{where}: Scenario: {spec!r} is not module:function or "
+            "module:function(**CONSTANT) of tpfix/replay"
+        )
+    module, func, const = m.groups()
+    if not why.strip():
+        raise Fail(f"{where}: Scenario: {spec} does not say what it shows (fold it below)")
+    try:
+        mod = importlib.import_module(f"tpfix.replay.{module}")
+    except ModuleNotFoundError:
+        raise Fail(f"{where}: Scenario: {spec}: no module tpfix/replay/{module}.py") from None
+    if not callable(getattr(mod, func, None)):
+        raise Fail(f"{where}: Scenario: {spec}: tpfix.replay.{module} has no {func}()")
+    passes = getattr(mod, f"check_{func}", None)
+    if not callable(passes):
+        raise Fail(
+            f"{where}: Scenario: {spec}: tpfix.replay.{module} has no check_{func}() "
+            "(the verdict on its result, replay.verdict)"
+        )
+    kwargs = getattr(mod, const, None) if const else {}
+    if not isinstance(kwargs, dict):
+        raise Fail(f"{where}: Scenario: {spec}: tpfix.replay.{module}.{const} is not a dict")
+    return Check(f"{module}:{func}", why.strip(), passes, dict(kwargs))
+
+
+def patch_checks(patchfile: Path) -> list[Check]:
+    """The Checks of the `Scenario:` fields of `patchfile`'s header, in order."""
+    header = read_patch(patchfile).header
+    return [scenario_check(v, patchfile.name) for v in header.get_all("Scenario")]
+
+
+def run_check(tree: Path, check: Check) -> dict:
+    """Run `check` on `tree`; {"passed", "result"} or {"passed": None, "error"}."""
+    try:
+        result = run_scenario(tree, check.spec, **check.kwargs)
+    except (Fail, AssertionError, OSError) as e:  # no FlashInfer pin, crash...
+        return {"passed": None, "error": str(e)[-2000:]}
+    result = dict(result) if isinstance(result, dict) else {"value": result}
+    result.pop("stderr", None)
+    return {"passed": check.passes(result), "result": _short(result)}
+
+
+def _short(result: dict, limit: int = 20000) -> dict:
+    text = json.dumps(result, default=str)
+    return result if len(text) <= limit else {"summary": text[:limit] + "..."}
