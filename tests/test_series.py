@@ -10,12 +10,14 @@ import sys
 
 import pytest
 
-from tpfix.common import LABEL, PATCHES, read_series, read_version, sdist_pin
+from tpfix.common import LABEL, PATCHES, ROOT, read_version, sdist_pin
 from tpfix.maint.series import check
-from tpfix.replay.harness import tree_after
+from tpfix.patchfile import read_patch, read_series
+from tpfix.replay.harness import patch_checks, tree_after
 from tpfix.verify import touched_files
 
 SERIES = read_series()
+PORTS = ROOT / "upstream"
 
 
 def test_series_is_not_empty_and_every_patch_is_listed():
@@ -28,22 +30,58 @@ def test_series_applies_exactly_and_refresh_reproduces_each_patch():
     check()  # raises Fail naming the patch otherwise
 
 
-@pytest.mark.parametrize("name", SERIES)
-def test_patch_header_is_complete(name: str):
-    text = (PATCHES / name).read_text()
-    header, sep, _ = text.partition("\n---\n")
-    assert sep, f"{name}: no '---' line between header and diff"
-    assert re.search(r"^From: .+ <.+@.+>$", header, re.M), "From: line"
-    assert re.search(r"^Subject: \[PATCH\] \S.{10,}", header, re.M), "Subject: line"
-    assert re.search(r"^Signed-off-by: .+ <.+@.+>$", header, re.M), "Signed-off-by"
-    assert re.search(r"^Forwarded: \S+", header, re.M), "Forwarded: status"
-    assert re.search(r"^(Fixes|Upstream): .*(#\d+|github\.com/)", header, re.M), (
-        "upstream issue/PR reference"
+# Every header, of the product series and of the forward ports (upstream/TAG/).
+HEADERS = [(PATCHES, n) for n in SERIES] + [
+    (series.parent, n) for series in sorted(PORTS.glob("*/series")) for n in read_series(series)
+]
+URL = re.compile(r"^https?://\S+$")
+ADDRESS = re.compile(r"^.+ <.+@.+>$")
+
+
+@pytest.mark.parametrize(
+    "folder,name", HEADERS, ids=[f"{d.relative_to(ROOT)}/{n}" for d, n in HEADERS]
+)
+def test_patch_header_is_complete_in_dep3_vocabulary(folder, name: str):
+    patch = read_patch(folder / name)
+    h = patch.header
+    assert patch.header_text.endswith("\n---\n"), f"{name}: no '---' line between header and diff"
+    assert ADDRESS.match(h.mail_field("From") or ""), "From: Name <email>"
+    assert re.match(r"^\[PATCH\] \S.{10,}", h.mail_field("Subject") or ""), "Subject: line"
+    assert re.search(r"^Subject: .*\n(?: .*\n)*\n", patch.header_text, re.M), "Subject, blank line"
+    assert any(ADDRESS.match(v) for v in h.get_all("Signed-off-by")), "Signed-off-by"
+    # DEP-3: Forwarded is no, not-needed or where it was sent; Bug is a URL
+    (forwarded,) = h.get_all("Forwarded")
+    assert forwarded in ("no", "not-needed") or URL.match(forwarded), forwarded
+    for bug in h.get_all("Bug"):
+        assert URL.match(bug), f"Bug: takes one URL, not {bug!r}"
+    refs = h.get_all("Bug") + h.get_all("Related") + h.get_all("Applied-Upstream")
+    assert any(re.search(r"#\d+|github\.com/", v) for v in refs + [forwarded]), (
+        "upstream issue/PR reference (Bug:, Related:, or Forwarded: URL)"
     )
-    body = header.split("\n\n", 1)[1]
-    why = [line for line in body.splitlines() if line and not re.match(r"^\w[\w-]*: ", line)]
+    # the words that are not DEP-3 (or not ours) any more
+    keys = {k.lower() for k, _ in h.trailers}
+    assert not keys & {"fixes", "upstream"}, "Fixes: is DEP-3's Bug:, Upstream: is Related:"
+    why = [line for line in h.body.splitlines() if line.strip()]
     assert len(why) >= 5, f"{name}: explain why in the body"
-    assert re.search(r"^Subject: .*\n(?: .*\n)*\n", header + "\n", re.M)
+
+
+@pytest.mark.parametrize(
+    "folder,name", HEADERS, ids=[f"{d.relative_to(ROOT)}/{n}" for d, n in HEADERS]
+)
+def test_every_scenario_field_names_a_replay_with_a_verdict(folder, name: str):
+    # scenario_check raises Fail for an unknown module/function/constant or
+    # a scenario without its check_<function> verdict
+    checks = patch_checks(folder / name)
+    assert checks, f"{name}: no Scenario: field shows its fix"
+    for c in checks:
+        assert c.why and callable(c.passes), c
+
+
+@pytest.mark.parametrize("series", sorted(PORTS.glob("*/series")), ids=lambda s: s.parent.name)
+def test_every_forward_port_states_its_claims(series):
+    for name in read_series(series):
+        claims = read_patch(series.parent / name).header.get_all("Claim")
+        assert claims and all(len(c) > 40 for c in claims), name
 
 
 def test_version_names_distribution_and_patch_level():

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import read_series
 from tpfix.maint.export import export, git, pristine_repo, run_pytest, vllm_tests, with_files
-from tpfix.maint.rebase import CHECKS, Check, Quilt, Trees, classify, format_table, rebase
-from tpfix.maint.series import REFRESH_ARGS
-from tpfix.patch import apply_series, cached_tree, prepare_tree, quilt_env
-from tpfix.replay.harness import run_scenario
+from tpfix.maint.rebase import Trees, classify, format_table, rebase
+from tpfix.patch import cached_tree, prepare_tree
+from tpfix.patchfile import read_series
+from tpfix.quilt import Quilt
+from tpfix.replay.harness import Check, patch_checks, run_scenario
 
 TAG = "v0.33.0"
 PORT = Path(__file__).resolve().parent.parent / "upstream" / TAG
@@ -248,14 +248,6 @@ def test_classify_absorbed_needs_a_discriminating_check(tmp_path):
     assert rec["status"] == "conflicts"
 
 
-def test_checks_table_names_existing_scenarios():
-    scenarios = Path(__file__).resolve().parent / "scenarios"
-    for name, checks in CHECKS.items():
-        for c in checks:
-            module, func = c.spec.split(":")
-            assert f"def {func}(" in (scenarios / f"{module}.py").read_text(), (name, c.spec)
-
-
 # -- the forward-ported series ----------------------------------------------------------
 
 
@@ -270,13 +262,10 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
     copy = tmp_path / "patches"
     shutil.copytree(PORT, copy)
     tree = prepare_tree(tmp_path / "vllm", upto="", tag=TAG)
-    env = quilt_env(copy, copy / "series")
+    q = Quilt(tree, copy)
     for name in PORTED:
-        apply_series(tree, [name], copy, copy / "series", TAG)  # --fuzz=0, no offset
-        proc = subprocess.run(
-            ["quilt", "refresh", *REFRESH_ARGS], cwd=tree, env=env, capture_output=True, text=True
-        )
-        assert proc.returncode == 0, proc.stderr
+        q.push_exact(name, tag=TAG)  # --fuzz=0, no offset
+        q.refresh(name)  # the canonical options, quilt.REFRESH_ARGS
         assert filecmp.cmp(PORT / name, copy / name, shallow=False), name
 
 
@@ -298,7 +287,7 @@ def test_port_of_bug_a_keeps_upstreams_fix_and_adds_the_rest():
     assert "_fi_ar_workspace_failed is group" in text
     assert "-    def __del__(self) -> None:" in text
     assert "+        destroy_fi_ar_workspace(self.cpu_group)" in text  # teardown
-    assert "Fixes: https://github.com/vllm-project/vllm/issues/52023" in text
+    assert re.search(r"^Bug: https://github.com/vllm-project/vllm/issues/52023$", text, re.M)
     assert re.search(r"^Forwarded: no$", text, re.M)
     tree = port_tree()
     pass_src = (tree / "vllm/compilation/passes/fusion/allreduce_rms_fusion.py").read_text()
@@ -355,7 +344,8 @@ def test_bug_b_narrower_draft_red_before_green_on_port(report):
     pristine = check["target"]["result"]
     assert pristine["failures"] == 1, pristine
     assert INSUFFICIENT in pristine["failure_examples"][0]["error"], pristine
-    case = CHECKS[BUG_B][0].kwargs
+    (scenario,) = patch_checks(PORT / BUG_B)  # the port's Scenario: field
+    case = scenario.kwargs
     before, after = both(
         lambda: run_scenario(port_before(BUG_B), "bug_b:run_case", **case),
         lambda: run_scenario(port_tree(BUG_B), "bug_b:run_case", **case),

@@ -43,10 +43,10 @@ from tpfix.common import (
     host_arch,
     load_pins,
     main_wrapper,
-    read_series,
     read_version,
     run,
 )
+from tpfix.patchfile import read_series, series_digest
 from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -116,12 +116,9 @@ def pinned_wheel(project: str, version: str) -> Path:
 
 
 def series_info() -> tuple[list[str], str]:
-    """Names in the series, and sha256 of patches/series followed by each patch."""
-    names = read_series()
-    h = hashlib.sha256(SERIES.read_bytes() if SERIES.exists() else b"")
-    for name in names:
-        h.update((PATCHES / name).read_bytes())
-    return names, h.hexdigest()
+    """Names in the series, and its digest (patchfile.series_digest)."""
+    names = read_series(SERIES)
+    return names, series_digest(names, PATCHES)
 
 
 def _git(*args: str) -> str:

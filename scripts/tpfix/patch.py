@@ -2,10 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Stage 2: unpack the verified sdist into a fresh tree and apply the quilt series.
 
-A patch must apply exactly: quilt runs with --fuzz=0 and any offset counts as a
-failure too.  Everything happens in a temporary sibling folder that is renamed
-into place only when every patch applied, so a tree is either pristine+series
-or absent, never half-patched.
+A patch must apply exactly (tpfix.quilt, Quilt.push_exact): quilt runs with
+--fuzz=0 and any offset counts as a failure too.  Everything happens in a
+temporary sibling folder that is renamed into place only when every patch
+applied, so a tree is either pristine+series or absent, never half-patched.
 
     python scripts/patch.py DEST              # pristine + whole series
     python scripts/patch.py DEST --upto NAME  # ... up to and including NAME
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import shutil
 import stat
 import tarfile
@@ -27,26 +26,16 @@ from pathlib import Path
 
 from tpfix.common import (
     PATCHES,
-    ROOT,
     SERIES,
     TAG,
     Fail,
     cache_dir,
     cache_lock,
     main_wrapper,
-    read_series,
-    run,
     sdist_pin,
 )
-
-_OFFSET = re.compile(r"^Hunk #\d+ succeeded at \d+ (\(offset|with fuzz).*$", re.M)
-
-
-def require_tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if not path:
-        raise Fail(f"`{name}` not found on PATH; install it (Debian: apt-get install {package})")
-    return path
+from tpfix.patchfile import read_series, series_digest
+from tpfix.quilt import Quilt
 
 
 def unpack_sdist(sdist: Path, parent: Path) -> Path:
@@ -69,58 +58,6 @@ def unpack_sdist(sdist: Path, parent: Path) -> Path:
                 mode = os.stat(p).st_mode
                 os.chmod(p, 0o755 if mode & stat.S_IXUSR else 0o644)
     return top
-
-
-def quilt_env(patches: Path, series: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(QUILT_PATCHES=str(patches), QUILT_SERIES=str(series), QUILTRC="-")
-    env.pop("QUILT_PUSH_ARGS", None)
-    return env
-
-
-def _shown(path: Path) -> str:
-    """`path` as messages name it: relative to the repository when inside it."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def apply_series(tree: Path, names: list[str], patches: Path, series: Path, tag: str = TAG) -> None:
-    """Apply `names` (a prefix of `series`) to `tree` with quilt, exactly."""
-    require_tool("quilt", "quilt")
-    env = quilt_env(patches, series)
-    for name in names:
-        if not (patches / name).exists():
-            raise Fail(f"{series}: lists {name}, but {patches / name} does not exist")
-        proc = run(["quilt", "push", "--fuzz=0", name], cwd=tree, env=env)
-        out = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise Fail(_explain(name, out, patches, tag))
-        if m := _OFFSET.search(out):
-            file = _file_of(out, m.start())
-            raise Fail(
-                f"{_shown(patches / name)}: applies only with an offset/fuzz in {file} "
-                f"({m.group(0).strip()}); refresh it: scripts/series.py refresh"
-            )
-
-
-def _file_of(out: str, pos: int) -> str:
-    files = re.findall(r"^patching file (\S+)", out[:pos], re.M)
-    return files[-1] if files else "?"
-
-
-def _explain(name: str, out: str, patches: Path, tag: str = TAG) -> str:
-    failed = re.findall(r"^(?:Hunk #\d+ FAILED.*|\S.*FAILED.*)$", out, re.M)
-    files = re.findall(r"^patching file (\S+)", out, re.M)
-    missing = re.findall(r"can't find file to patch.*|No file to patch.*", out)
-    where = files[-1] if files else "?"
-    detail = "; ".join(failed[:3] + missing[:1]) or out.strip().splitlines()[-1:]
-    return (
-        f"{_shown(patches / name)} does not apply to {tag} (file {where}): {detail}. "
-        "Nothing was left half-patched. Rebase it: scripts/series.py push, fix, "
-        "refresh"
-    )
 
 
 def prepare_tree(
@@ -153,7 +90,7 @@ def prepare_tree(
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         top = unpack_sdist(sdist, tmp)
-        apply_series(top, names, patches, series, tag)
+        Quilt(top, patches, series).push_exact(*names, tag=tag)
         if not keep_quilt_state:
             shutil.rmtree(top / ".pc", ignore_errors=True)
         os.replace(top, dest)
@@ -163,11 +100,10 @@ def prepare_tree(
 
 
 def series_key(names: list[str], patches: Path = PATCHES, tag: str = TAG) -> str:
-    """A content key for pristine `tag`+`names`: changes when any of them changes."""
-    h = hashlib.sha256(sdist_pin(tag).sha256.encode())
-    for name in names:
-        h.update(name.encode() + b"\0" + (patches / name).read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    """A content key for pristine `tag`+`names`: changes when any of them changes
+    (the sdist's sha256 and the series digest, patchfile.series_digest)."""
+    key = f"{sdist_pin(tag).sha256}\0{series_digest(names, patches)}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def cached_tree(

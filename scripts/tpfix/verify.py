@@ -22,21 +22,16 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from tpfix.common import PATCHES, Fail, main_wrapper, read_series
+from tpfix.common import PATCHES, Fail, main_wrapper
+from tpfix.patchfile import diff_files, read_series
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def touched_files(names: list[str] | None = None, patches: Path = PATCHES) -> set[str]:
     """Paths (relative to the tree) that the series adds or changes."""
-    files = set()
-    for name in read_series() if names is None else names:
-        for line in (patches / name).read_text().splitlines():
-            if line.startswith("+++ "):
-                path = line[4:].split("\t")[0]
-                if path != "/dev/null":
-                    files.add(path.split("/", 1)[1])
-    return files
+    names = read_series() if names is None else names
+    return {d.new for name in names for d in diff_files(patches / name) if d.new}
 
 
 def _norm(name: str) -> str:

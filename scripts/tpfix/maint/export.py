@@ -6,27 +6,31 @@
     python scripts/export.py v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
     python scripts/export.py --no-tests       # skip the validation runs (placeholders)
 
-For upstream/TAG/series (the reviewed forward port, see scripts/rebase.py) it
+For upstream/TAG/series (the reviewed forward port, see maint.rebase) it
 checks that the series applies exactly to pristine TAG, then builds a git
 repository from the pristine TAG sdist (one commit), commits each patch with
-its header as the commit message (author and date from its From:/Date:;
-distribution-only trailers such as Forwarded: are dropped) and runs `git
-format-patch --numbered`.  OUT gets:
+its header (patchfile) as the commit message: author and date from its
+From:/Date:, the body, and the trailers vLLM takes (DEP-3's `Bug:` becomes
+the `Fixes:` trailer; the fields only this distribution reads, DISTRO_ONLY
+such as Forwarded:, Related:, Scenario:, Claim:, are dropped).  Then it runs
+`git format-patch --numbered`.  OUT gets:
 
   NNNN-<subject>.patch  the mails, [PATCH n/m], with Signed-off-by (vLLM's DCO)
   NNNN-<subject>.md     the pull-request description, vLLM's template
                         (.github/PULL_REQUEST_TEMPLATE.md of TAG: Overview,
-                        Claims, Validation, Details, checklist), with the
-                        root cause, the test plan, the results measured here
-                        and `Fixes #...`
+                        Claims (the header's `Claim:` fields), Validation,
+                        Details, checklist), with the root cause, the test
+                        plan, the results measured here, `Fixes #...` and
+                        the header's `Related:` references
   validation.json       those results, machine-readable
 
 Validation (unless --no-tests), per patch, on TAG + the ports before it:
 the vLLM tests the patch adds or changes (pytest, on CPU with the compiled
-torch.ops._C ops stood in by tests/support/vllm_cpu_stubs.py), with the patch
+torch.ops._C ops stood in by tpfix/replay/vllm_cpu_stubs.py), with the patch
 (must pass) and without it (the same test files copied in: must fail), and
-the patch's scenario checks (scripts/rebase.py CHECKS) red without / green
-with it.  A failed expectation stops the export.
+the patch's scenario checks (the `Scenario:` fields of its header,
+replay.harness.patch_checks) red without / green with it.  A failed
+expectation stops the export.
 
 The DCO needs the submitter's real name: --author replaces the From: and
 Signed-off-by: of the headers (which name the distribution maintainers).
@@ -45,52 +49,31 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail, cache_dir, main_wrapper, read_series, sdist_pin
-from tpfix.maint.rebase import CHECKS, parse_diff, run_check, split_patch
+from tpfix.common import ROOT, Fail, cache_dir, main_wrapper, sdist_pin
 from tpfix.patch import cached_tree, prepare_tree
+from tpfix.patchfile import Header, diff_files, parse_header, read_series, split
+from tpfix.replay.harness import patch_checks, run_check
 
 DEFAULT_TAG = "v0.33.0"
 UPSTREAM = ROOT / "upstream"
-# Trailers that only mean something to this distribution (DEP-3 style); they
-# stay in the quilt headers and are left out of the upstream commits.
-DISTRO_ONLY = {"forwarded", "upstream", "origin", "last-update", "applied-upstream"}
+# Header fields that only this distribution reads (DEP-3 and our own, see
+# patchfile): they stay in the quilt headers and are left out of the upstream
+# commits.  Vendor bug fields (Bug-<Vendor>:) are left out too.
+DISTRO_ONLY = {
+    "forwarded",
+    "origin",
+    "last-update",
+    "applied-upstream",
+    "related",
+    "scenario",
+    "claim",
+}
+# DEP-3 fields the commit message carries under vLLM's trailer name.
+AS_TRAILER = {"bug": "Fixes"}
 # Commit identity and date of the pristine import commit: fixed, so the
 # pristine commit and every exported mail are reproducible.
 IMPORT_IDENT = ("vLLM release import", "release-import@example.invalid")
 IMPORT_DATE = "2000-01-01T00:00:00+00:00"
-
-# What each fix claims, in one line per claim (Claims section of the PR).
-CLAIMS: dict[str, list[str]] = {
-    "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
-        "Warm starts (AOT compile cache) with a draft model wider than the target "
-        "at TP > 1 no longer die in FlashInfer's workspace validation: the worker "
-        "creates the workspace once, for every model of the TP group, right after "
-        "loading them, so no lazy path (fused op, quant workspace, standalone "
-        "all-reduce) sizes it and none creates it during CUDA graph capture.",
-        "Creation is collective: attempted once per process group, with every "
-        "rank agreeing on the outcome (MIN all-reduce), so either all ranks fuse "
-        "or none does.",
-        "A collected fusion pass (e.g. the drafter's) no longer frees the shared "
-        "workspace; the TP group's communicator releases it at teardown, so a "
-        "second engine in the process gets its own.",
-        "Each model fuses up to its own token limit again, as the compile ranges "
-        "assume (with vllm#52193 a narrower target fused nothing when the budget "
-        "limits tokens); memory grows only when the draft is wider (vllm#52193's "
-        "size, one more row where the budget limits tokens).",
-    ],
-    "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch": [
-        "Every one-shot threshold and the workspace capacity it is checked "
-        "against are in one unit, stated in the code: num_tokens * hidden * "
-        "element size * world size.",
-        "vLLM's fused all-reduce requests the strategy itself on MNNVL "
-        "(FlashInfer's 1 MiB rule) instead of deferring to AUTO, capped by the "
-        "one-shot buffer of the workspace it goes to: a request can no longer exceed "
-        "the allocation (MNNVL TP8 with a 6144-wide target and a 4096-wide "
-        "draft raises on v0.33.0 and runs two-shot with this change).",
-        "TRT-LLM decisions are unchanged (vLLM's table, converted); no memory "
-        "change on either backend.",
-    ],
-}
 
 
 def port_series(tag: str) -> Path:
@@ -113,58 +96,30 @@ class Mail:
         trailers = "".join(f"{k}: {v}\n" for k, v in self.trailers)
         return f"{self.subject}\n\n{self.body.strip()}\n\n{trailers}"
 
+    def values(self, key: str) -> list[str]:
+        """Every value of header field `key`, kept as a trailer or dropped."""
+        return [v for k, v in self.trailers + self.dropped if k.lower() == key.lower()]
+
     def trailer(self, key: str) -> str | None:
-        for k, v in self.trailers + self.dropped:
-            if k.lower() == key.lower():
-                return v
-        return None
+        values = self.values(key)
+        return values[0] if values else None
 
 
-_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
+def _distro_only(key: str) -> bool:
+    return key.lower() in DISTRO_ONLY or key.lower().startswith("bug-")
 
 
-def parse_header(header: str, name: str = "?") -> Mail:
-    """From:/Date:/Subject: lines, the body, and the trailer block at its end.
-
-    Continuation lines (starting with a space) belong to the field above.
-    """
-    lines = header.rstrip("\n").splitlines()
-    while lines and lines[-1].strip() in ("---", ""):
-        lines.pop()
-    fields: dict[str, str] = {}
-    i = 0
-    while i < len(lines) and (m := _TRAILER.match(lines[i])):
-        key, value = m.group(1).lower(), m.group(2)
-        i += 1
-        while i < len(lines) and lines[i].startswith(" "):
-            value += " " + lines[i].strip()
-            i += 1
-        fields[key] = value
+def mail_of(header: Header, name: str = "?") -> Mail:
+    """The commit of a patch header (patchfile.parse_header): From:, Date:,
+    Subject: without its [PATCH] tag, the body, the trailers vLLM takes."""
     for key in ("from", "subject"):
-        if key not in fields:
+        if header.mail_field(key) is None:
             raise Fail(f"{name}: header has no {key.title()}: line")
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", fields["subject"])
-    rest = lines[i:]
-    # trailers: the last paragraph of Key: value lines (with continuations)
-    cut = len(rest)
-    while cut > 0 and rest[cut - 1].strip():
-        cut -= 1
-    block = rest[cut:]
-    trailers: list[tuple[str, str]] = []
-    if block and _TRAILER.match(block[0]):
-        for line in block:
-            if line.startswith(" ") and trailers:
-                k, v = trailers[-1]
-                trailers[-1] = (k, v + " " + line.strip())
-            elif m := _TRAILER.match(line):
-                trailers.append((m.group(1), m.group(2)))
-        body = "\n".join(rest[:cut])
-    else:
-        body = "\n".join(rest)
-    kept = [(k, v) for k, v in trailers if k.lower() not in DISTRO_ONLY]
-    dropped = [(k, v) for k, v in trailers if k.lower() in DISTRO_ONLY]
-    date = fields.get("date", "Thu, 01 Jan 2026 00:00:00 +0000")
-    return Mail(fields["from"], date, subject, body.strip("\n"), kept, dropped)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", header.mail_field("subject") or "")
+    kept = [(AS_TRAILER.get(k.lower(), k), v) for k, v in header.trailers if not _distro_only(k)]
+    dropped = [(k, v) for k, v in header.trailers if _distro_only(k)]
+    date = header.mail_field("date") or "Thu, 01 Jan 2026 00:00:00 +0000"
+    return Mail(header.mail_field("from") or "", date, subject, header.body, kept, dropped)
 
 
 def with_author(mail: Mail, author: str) -> Mail:
@@ -261,8 +216,8 @@ def commit_patch(
 ) -> Mail:
     """Apply `patchfile` (quilt format, -p1) to `repo` and commit it with its
     header; `index_only` for a clone without a checkout."""
-    header, diff = split_patch(patchfile.read_text())
-    mail = parse_header(header, patchfile.name)
+    header, diff = split(patchfile.read_text())
+    mail = mail_of(parse_header(header, patchfile.name), patchfile.name)
     if author:
         mail = with_author(mail, author)
     where = "--cached" if index_only else "--index"
@@ -295,7 +250,7 @@ def commit_id(repo: Path) -> str | None:
 
 def vllm_tests(patchfile: Path) -> list[str]:
     """tests/**/test_*.py files the patch adds or changes (vLLM's own layout)."""
-    files = parse_diff(split_patch(patchfile.read_text())[1])
+    files = diff_files(patchfile)
     return sorted(d.new for d in files if d.new and re.match(r"tests/(.+/)?test_[^/]+\.py$", d.new))
 
 
@@ -401,7 +356,7 @@ def validate(tag: str, series: Path, name: str) -> dict:
             raise Fail(f"{name}: its tests fail with the patch: {green['summary']}")
         if not red["red"]:
             raise Fail(f"{name}: its tests pass without the patch: {red['summary']}")
-    for check in CHECKS.get(name, []):
+    for check in patch_checks(patches / name):
         entry = {
             "spec": check.spec,
             "why": check.why,
@@ -498,10 +453,10 @@ def pr_description(
     template: str,
 ) -> str:
     fixes = _fixes(mail)
-    claims = CLAIMS.get(name) or [mail.subject]
+    claims = mail.values("Claim") or [mail.subject]
     based = f"`{tag}`" + (f" (commit {base})" if base else "")
     depends = f" Applies on top of PATCH 1..{n - 1} of this series." if n > 1 else ""
-    related = mail.trailer("Upstream")
+    related = mail.trailer("Related")
     lines = [
         f"# {mail.subject}",
         "",

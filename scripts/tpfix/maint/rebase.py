@@ -12,13 +12,15 @@ TAG plus the patches kept so far.  Its class, in the order they are decided:
   absorbed              upstream already has the fix, detected in one of two
                         ways: the patch reverse-applies exactly (upstream
                         carries the same change), or the patch's scenario
-                        checks (CHECKS below) are red on the pinned tag before
-                        the patch and green on the working tree.  Not carried.
+                        checks (the `Scenario:` fields of its header,
+                        replay.harness.patch_checks) are red on the pinned tag
+                        before the patch and green on the working tree.  Not
+                        carried; its header can then say `Applied-Upstream:`.
   applies               quilt push --fuzz=0 with no offset: carried unchanged.
   applies-with-changes  applies only with an offset or fuzz, or after a 3-way
                         merge (git merge-file of the pinned tag's file, the
                         patched file and TAG's file).  The refreshed patch
-                        (canonical quilt refresh, series.REFRESH_ARGS, header
+                        (canonical quilt refresh, quilt.REFRESH_ARGS, header
                         kept) is written to OUT/patches/; review it.
   conflicts             none of that works.  The hunks that fail even with
                         fuzz are listed (file, hunk, line in the pinned tag,
@@ -39,142 +41,14 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, read_series, run, sdist_pin
-from tpfix.maint.series import REFRESH_ARGS
-from tpfix.patch import _OFFSET, _shown, cached_tree, prepare_tree, quilt_env, require_tool
-from tpfix.replay.bug_b import NARROW_DRAFT
-
-# -- scenario checks ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Check:
-    """One scenario function of tests/scenarios/ that shows a patch's fix.
-
-    `passes(result)` is True when the result shows the fixed behaviour, False
-    when it shows the bug, None when it shows neither (the scenario broke for
-    another reason: then the check decides nothing).  `why` says it in words.
-    """
-
-    spec: str  # "module:function" of tests/scenarios/
-    why: str
-    passes: Callable[[dict], bool | None]
-    kwargs: dict = field(default_factory=dict)
-
-
-def verdict(fixed: Callable[[dict], bool], bug: str, message: str = "") -> Callable:
-    """A `passes` function: the bug is exception `bug` whose message contains
-    `message`; any other exception is undecided; no exception -> `fixed(r)`."""
-
-    def passes(r: dict) -> bool | None:
-        if "error" not in r:
-            return bool(fixed(r))
-        if r["error"] == bug and message in r.get("message", ""):
-            return False
-        return None
-
-    return passes
-
-
-# Which scenario shows each patch's fix: the same functions the patch's
-# tests/test_bug_*.py run red before / green after the patch.  A patch with no
-# entry can only be found absorbed textually (reverse-apply).
-CHECKS: dict[str, list[Check]] = {
-    "0001-flashinfer-0.6.16.post4-python-3.10-3.11.patch": [
-        Check(
-            "bug_c:import_flashinfer_all_reduce",
-            "TP>=2 start-up imports the tree's pinned FlashInfer (flashinfer.comm) "
-            "on this Python and the fused all-reduce is available",
-            verdict(lambda r: r.get("fi_ar_available") is True, "TypeError", "array.array"),
-        )
-    ],
-    "0002-allreduce-fusion-size-workspace-from-engine-config.patch": [
-        Check(
-            "bug_a:warm_start",
-            "warm start (AOT cache: no fusion pass is built) of the seed config, "
-            "TP2 SM90, target 2048 / draft 2560: the worker loads both models and "
-            "both run fused, without the workspace-validation ValueError",
-            verdict(lambda r: True, "ValueError", "exceeds workspace max_token_num"),
-        )
-    ],
-    "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch": [
-        Check(
-            "bug_b:run_case",
-            "MNNVL, SM90 TP8, target 6144 / draft 4096 wide, 1..16 tokens: every "
-            "request fits the workspace and runs fused (no FlashInfer 'buffer "
-            "size ... insufficient' error, no unfused fallback)",
-            lambda r: (
-                None
-                if "error" in r
-                else r["failures"] == 0 and r["unfused"] == 0 and r["checked"] > 0
-            ),
-            NARROW_DRAFT,
-        )
-    ],
-}
-
-
-def run_check(tree: Path, check: Check) -> dict:
-    """Run `check` on `tree`; {"passed", "result"} or {"passed": None, "error"}."""
-    from tpfix.replay.harness import run_scenario
-
-    try:
-        result = run_scenario(tree, check.spec, **check.kwargs)
-    except (Fail, AssertionError, OSError) as e:  # no FlashInfer pin, crash...
-        return {"passed": None, "error": str(e)[-2000:]}
-    result = dict(result) if isinstance(result, dict) else {"value": result}
-    result.pop("stderr", None)
-    return {"passed": check.passes(result), "result": _short(result)}
-
-
-def _short(result: dict, limit: int = 20000) -> dict:
-    text = json.dumps(result, default=str)
-    return result if len(text) <= limit else {"summary": text[:limit] + "..."}
-
-
-# -- patch files ------------------------------------------------------------------
-
-_DIFF_START = re.compile(r"^(?:--- \S|diff |Index: )", re.M)
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
-
-
-def split_patch(text: str) -> tuple[str, str]:
-    """(header, diff): the header is everything above the first file diff."""
-    m = _DIFF_START.search(text)
-    return (text, "") if m is None else (text[: m.start()], text[m.start() :])
-
-
-@dataclass
-class FileDiff:
-    old: str | None  # path in the tree (without a/), None for a new file
-    new: str | None  # None for a deleted file
-    hunks: list[str] = field(default_factory=list)  # "@@ ... @@" header lines
-
-    @property
-    def path(self) -> str:
-        return self.new or self.old or "?"
-
-
-def parse_diff(text: str) -> list[FileDiff]:
-    """The files and hunk headers of a -p1 unified diff (a/ b/ prefixes)."""
-
-    def strip(p: str) -> str | None:
-        p = p.split("\t", 1)[0].strip()
-        return None if p == "/dev/null" else p.split("/", 1)[1] if "/" in p else p
-
-    files: list[FileDiff] = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            files.append(FileDiff(strip(line[4:]), strip(lines[i + 1][4:])))
-        elif line.startswith("@@ ") and files:
-            files[-1].hunks.append(line)
-    return files
-
+from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, run, sdist_pin, shown
+from tpfix.patch import cached_tree, prepare_tree
+from tpfix.patchfile import HUNK, diff_files, parse_diff, read_series, split, write_series
+from tpfix.quilt import Quilt, offsets, require
+from tpfix.replay.harness import Check, patch_checks, run_check
 
 # -- quilt / patch / git helpers --------------------------------------------------
 
@@ -195,7 +69,7 @@ def reverse_applies(tree: Path, patchfile: Path) -> bool:
 def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
     """Hunks of `patchfile` that do not apply to `tree` even with `fuzz`."""
     out = _patch_cmd(tree, patchfile, "--batch", "--forward", f"--fuzz={fuzz}")
-    diffs = {d.path: d for d in parse_diff(patchfile.read_text())}
+    diffs = {d.path: d for d in diff_files(patchfile)}
     hunks, current = [], "?"
     lines = (out.stdout + out.stderr).splitlines()
     for i, line in enumerate(lines):
@@ -205,7 +79,7 @@ def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
             n, at = int(m.group(1)), int(m.group(2))
             d = diffs.get(current)
             header = d.hunks[n - 1] if d and n <= len(d.hunks) else ""
-            hm = _HUNK.match(header)
+            hm = HUNK.match(header)
             hunks.append(
                 {
                     "file": current,
@@ -267,31 +141,6 @@ def merge3(current: Path, base: Path, other: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-class Quilt:
-    """quilt in `tree`, with the carried series in `patches`."""
-
-    def __init__(self, tree: Path, patches: Path):
-        self.tree, self.patches, self.series = tree, patches, patches / "series"
-        self.env = quilt_env(patches, self.series)
-
-    def __call__(self, *args: str, stdin: str | None = None):
-        return run(["quilt", *args], cwd=self.tree, env=self.env, input=stdin)
-
-    def add_to_series(self, name: str) -> None:
-        names = read_series(self.series)
-        self.series.write_text("".join(f"{n}\n" for n in [*names, name]))
-
-    def drop_from_series(self, name: str) -> None:
-        names = [n for n in read_series(self.series) if n != name]
-        self.series.write_text("".join(f"{n}\n" for n in names))
-        (self.patches / name).unlink(missing_ok=True)
-
-    def refresh(self) -> None:
-        proc = self("refresh", *REFRESH_ARGS)
-        if proc.returncode != 0:
-            raise Fail(f"quilt refresh failed in {self.tree}: {proc.stderr.strip()}")
-
-
 # -- classification ---------------------------------------------------------------
 
 
@@ -301,10 +150,6 @@ class Trees:
 
     before: Path
     after: Path
-
-
-def _offsets(out: str) -> list[str]:
-    return [m.group(0).strip() for m in _OFFSET.finditer(out)]
 
 
 def classify(
@@ -324,8 +169,7 @@ def classify(
     """
     runner = runner or run_check
     rec: dict = {"name": name, "status": None, "detail": "", "checks": []}
-    text = patchfile.read_text()
-    header, _ = split_patch(text)
+    header, diff = split(patchfile.read_text())
 
     # 1. absorbed, textually
     if reverse_applies(q.tree, patchfile):
@@ -357,30 +201,31 @@ def classify(
 
     # 3. applies exactly / with offset or fuzz
     shutil.copyfile(patchfile, q.patches / name)
-    q.add_to_series(name)
+    write_series(q.series, [*read_series(q.series), name])
     for fuzz in (0, 2):
         proc = q("push", f"--fuzz={fuzz}", name)
         out = proc.stdout + proc.stderr
         if proc.returncode != 0:
             continue
-        offsets = _offsets(out)
-        if fuzz == 0 and not offsets:
+        moved = offsets(out)
+        if fuzz == 0 and not moved:
             rec.update(status="applies", detail="quilt push --fuzz=0, no offset")
             return rec
         q.refresh()
         rec.update(
             status="applies-with-changes",
             how="offset/fuzz",
-            changes=offsets,
-            detail=f"{len(offsets)} hunk(s) moved or fuzzed; refreshed",
+            changes=moved,
+            detail=f"{len(moved)} hunk(s) moved or fuzzed; refreshed",
             refreshed=f"patches/{name}",
         )
         return rec
 
     # 4. 3-way merge of each file the patch touches
-    q.drop_from_series(name)
+    write_series(q.series, [n for n in read_series(q.series) if n != name])
+    (q.patches / name).unlink(missing_ok=True)
     hunks = failed_hunks(q.tree, patchfile)
-    files = parse_diff(text)
+    files = parse_diff(diff)
     if origin is None:
         rec.update(
             status="conflicts",
@@ -461,11 +306,16 @@ def rebase(
     checks: dict[str, list[Check]] | None = None,
     from_tag: str = TAG,
 ) -> dict:
-    """Classify every patch of `series` (made for `from_tag`) on `tag`; write OUT."""
-    require_tool("quilt", "quilt")
-    checks = CHECKS if checks is None else checks
+    """Classify every patch of `series` (made for `from_tag`) on `tag`; write OUT.
+
+    `checks` maps patch names to their scenario checks; by default each
+    patch's own, from the `Scenario:` fields of its header ({}: none).
+    """
+    require()
     pin = sdist_pin(tag)  # pins/TAG.toml must exist: fail before any work
     names = read_series(series)
+    if checks is None:  # a header that names no existing scenario fails here too
+        checks = {name: patch_checks(patches / name) for name in names}
     out = out.resolve()
     if out.exists():
         shutil.rmtree(out)
@@ -482,7 +332,7 @@ def rebase(
                 cached_tree(name, from_tag, series, patches),
             )
             rec = classify(name, patches / name, q, origin, checks.get(name, []))
-            touched = {d.path for d in parse_diff((patches / name).read_text())}
+            touched = {d.path for d in diff_files(patches / name)}
             if rec["status"] == "conflicts":
                 # an earlier patch left behind touches the same files: this
                 # one was made on top of it, port that one first
@@ -503,7 +353,7 @@ def rebase(
         "from": from_tag,
         "to": tag,
         "sdist": {"filename": pin.filename, "sha256": pin.sha256},
-        "series": _shown(series),
+        "series": shown(series),
         "patches": records,
         "carried": read_series(out / "patches" / "series"),
     }

@@ -12,10 +12,11 @@
     scripts/series.py quilt ARGS...    # any other quilt command, same settings
 
 All commands run quilt in build/dev/vllm with QUILT_PATCHES=patches/, so a
-refresh edits the files in this repository: review them with git diff.  Every
-refresh uses the same canonical options (REFRESH_ARGS), which is what makes
+refresh edits the files in this repository: review them with git diff.  quilt
+runs through tpfix.quilt: every push is exact (--fuzz=0) and every refresh
+uses the same canonical options (quilt.REFRESH_ARGS), which is what makes
 `check` able to demand byte-for-byte reproduction; patch headers (the text
-above the first diff) are kept by quilt.
+above the first diff, patchfile) are kept by quilt.
 """
 
 from __future__ import annotations
@@ -23,27 +24,24 @@ from __future__ import annotations
 import argparse
 import filecmp
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.common import PATCHES, ROOT, SERIES, Fail, main_wrapper, read_series, run
-from tpfix.patch import apply_series, prepare_tree, quilt_env, require_tool
+from tpfix.common import PATCHES, ROOT, SERIES, Fail, main_wrapper, run
+from tpfix.patch import prepare_tree
+from tpfix.patchfile import read_series
+from tpfix.quilt import Quilt, require
 
 DEV = ROOT / "build" / "dev" / "vllm"
-REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
 
 
-def quilt(*args: str, tree: Path = DEV, patches: Path = PATCHES, series: Path = SERIES):
-    require_tool("quilt", "quilt")
+def quilt(*args: str, tree: Path = DEV, patches: Path = PATCHES, series: Path = SERIES) -> int:
+    """Run `quilt ARGS` in `tree` on the terminal: push exact, refresh canonical."""
+    require()
     if not tree.exists():
         raise Fail(f"{tree} does not exist; run: scripts/series.py setup")
-    extra = list(REFRESH_ARGS) if args and args[0] == "refresh" else []
-    if args and args[0] == "push":
-        extra = ["--fuzz=0"]
-    cmd = ["quilt", args[0], *extra, *args[1:]]
-    return subprocess.run(cmd, cwd=tree, env=quilt_env(patches, series)).returncode
+    return Quilt(tree, patches, series).interactive(*args)
 
 
 def setup() -> None:
@@ -60,12 +58,10 @@ def check(patches: Path = PATCHES, series: Path = SERIES) -> None:
         copy = Path(tmp) / "patches"
         shutil.copytree(patches, copy)
         tree = prepare_tree(Path(tmp) / "vllm", upto="")
-        env = quilt_env(copy, copy / series.name)
+        q = Quilt(tree, copy, copy / series.name)
         for name in names:
-            apply_series(tree, [name], copy, copy / series.name)
-            proc = run(["quilt", "refresh", *REFRESH_ARGS], cwd=tree, env=env)
-            if proc.returncode != 0:
-                raise Fail(f"patches/{name}: quilt refresh failed: {proc.stderr.strip()}")
+            q.push_exact(name)
+            q.refresh(f"patches/{name}")
             if not filecmp.cmp(patches / name, copy / name, shallow=False):
                 diff = run(["diff", "-u", str(patches / name), str(copy / name)])
                 raise Fail(
