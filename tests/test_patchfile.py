@@ -182,6 +182,15 @@ def test_exact_push_then_canonical_refresh_reproduces_the_patch(tmp_path: Path):
 
 
 @needs_quilt
+def test_interactive_push_is_exact(tmp_path: Path):
+    # maint.series' `push`: --fuzz=0 is added, so a fuzzy hunk is refused
+    q = _quilt(tmp_path, LINES.replace("line 8\n", "line 8 upstream\n"))
+    assert q.interactive("push", "0001-x.patch") != 0
+    assert q("push", "--fuzz=2", "0001-x.patch").returncode == 0  # it applies with fuzz
+    assert q.interactive("pop") == 0
+
+
+@needs_quilt
 def test_an_offset_is_a_failure_naming_the_patch_and_file(tmp_path: Path):
     q = _quilt(tmp_path, "new 1\nnew 2\n" + LINES)
     with pytest.raises(Fail, match=r"0001-x.patch: applies only with an offset/fuzz in m.py"):
