@@ -67,9 +67,6 @@ def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
 
 def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
     version = read_version()
-    _step(f"fetch + verify pins (vllm sdist, official {arch} wheel)")
-    sdist = fetch_sdist()
-    official = fetch_wheel(arch)
     workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +74,9 @@ def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
     # Left by a killed run: no live build can own them, as we hold both locks.
     for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(prefix + "*")):
         shutil.rmtree(stale, ignore_errors=True)
+    _step(f"fetch + verify pins (vllm sdist, official {arch} wheel)")
+    sdist = fetch_sdist()
+    official = fetch_wheel(arch)
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:
