@@ -351,7 +351,7 @@ def test_repins_are_what_the_series_changes(dist):
 
 def test_build_sh_has_the_image_option():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "pipeline.py"), "--help"],
+        [sys.executable, "-m", "tpfix.pipeline", "--help"],
         text=True,
         capture_output=True,
     )
