@@ -55,6 +55,7 @@ def _set_sdist_sha(repo: Path, sha: str) -> None:
     pins.write_text(pins.read_text().replace(sdist_pin().sha256, sha))
 
 
+@pytest.mark.slow  # downloads the sdist (pip)
 def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     _set_sdist_sha(repo, FAKE_SHA)
     cache = tmp_path / "cache"
@@ -70,6 +71,7 @@ def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     assert list((cache / "tmp").iterdir()) == []
 
 
+@pytest.mark.slow  # downloads the sdist (pip)
 def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_path: Path):
     # An interrupted download from some other tool left a truncated file where
     # the cache entry belongs: it must be refused and fetched again.
@@ -101,6 +103,7 @@ def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
     assert f"expected sha256 {pin.sha256}, got {actual}" in str(err.value)
 
 
+@pytest.mark.slow  # asks the package index
 def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
     pins = repo / "pins" / "v0.27.1.toml"
     pins.write_text(
@@ -166,6 +169,7 @@ def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     assert message in proc.stderr
 
 
+@pytest.mark.slow  # a real build, killed inside setup.py
 def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     dist = tmp_path / "dist"
     dist.mkdir()

@@ -14,6 +14,11 @@ formulas), the kernels (CPU reference kernels behind FlashInfer's launch
 code) and the torch.ops._C ops vLLM looks up at import (vllm_cpu_stubs).
 
 Before the patch = series up to patch 0001; after = series including 0002.
+
+Tiers: the seed's cold and warm start, red before and green after, are the
+fast tier (the warm start is the patch header's `Scenario:`); the suite of
+named cases and the property test run the same code over many more
+configurations and are marked slow.
 """
 
 from __future__ import annotations
@@ -32,25 +37,39 @@ SEED_MESSAGE = (
 TREES = {"before": tree_before, "after": tree_after}
 
 
-JOBS = {
+SEED_JOBS = {
     "cold_start": ("bug_a:cold_start", {}),
+    "warm_start": ("bug_a:warm_start", {}),
+}
+SWEEP_JOBS = {
     "suite": ("bug_a:suite", {}),
     "property": ("bug_a:property_fits", {"max_examples": 60}),
 }
 
 
-@pytest.fixture(scope="module")
-def results():
-    """Every scenario job on both trees, one subprocess each, run concurrently
+def _run_jobs(jobs: dict) -> dict:
+    """Each scenario job on both trees, one subprocess each, run concurrently
     (they are independent) to keep the wall time down."""
     trees = {k: f(PATCH) for k, f in TREES.items()}
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {
             (job, when): pool.submit(run_scenario, tree, spec, **kwargs)
-            for job, (spec, kwargs) in JOBS.items()
+            for job, (spec, kwargs) in jobs.items()
             for when, tree in trees.items()
         }
         return {key: fut.result() for key, fut in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def seed():
+    """The seed configuration, cold and warm start, per tree."""
+    return _run_jobs(SEED_JOBS)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """The suite of named cases and the property test, per tree."""
+    return _run_jobs(SWEEP_JOBS)
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +90,15 @@ def _fused_everywhere_ok(res: dict, models=("target", "draft")) -> None:
     assert res["kernel_calls"], res
 
 
-# -- red before, green after ---------------------------------------------------
-def test_cold_start_seed_message_before(results):
-    res = results[("cold_start", "before")]
+# -- the seed: red before, green after (fast tier) --------------------------------
+def test_cold_start_seed_message_before(seed):
+    res = seed[("cold_start", "before")]
     assert res.get("error") == "ValueError", res
     assert SEED_MESSAGE in res["message"], res["message"]
 
 
-def test_cold_start_after(results):
-    res = results[("cold_start", "after")]
+def test_cold_start_after(seed):
+    res = seed[("cold_start", "after")]
     _fused_everywhere_ok(res)
     ws = res["workspaces"]["_fi_ar_workspace"]
     assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
@@ -92,6 +111,24 @@ def test_cold_start_after(results):
     assert res["fusion_covers_budget"] == {"target": True, "draft": True}
 
 
+def test_warm_start_seed_message_before(seed):
+    # the warm start (AOT cache, lazy creation) dies with the seed's message too
+    res = seed[("warm_start", "before")]
+    assert res.get("error") == "ValueError", res
+    assert SEED_MESSAGE in res["message"], res["message"]
+
+
+def test_warm_start_after(seed):
+    # no fusion pass is built: the worker created the workspace for both models
+    res = seed[("warm_start", "after")]
+    _fused_everywhere_ok(res)
+    ws = res["workspaces"]["_fi_ar_workspace"]
+    assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
+    assert len(res["created"]) == 1
+
+
+# -- the suite of named cases, both trees (slow) ------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     [
@@ -112,11 +149,7 @@ def test_red_before(suite, case):
     ), res["message"]
 
 
-def test_warm_start_seed_message_before(suite):
-    # the warm start (AOT cache, lazy creation) dies with the seed's message too
-    assert SEED_MESSAGE in suite["before"]["warm_seed"]["message"]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case", ["warm_seed", "cold_quant_fp8", "warm_quant_first", "warm_mnnvl_sm100"]
 )
@@ -128,6 +161,7 @@ def test_green_after(suite, case):
             assert v.get("quant_max_abs_err", 0.0) == 0.0, v
 
 
+@pytest.mark.slow
 def test_standalone_after(suite):
     res = suite["after"]["standalone_tp4"]
     assert "error" not in res, res
@@ -140,6 +174,7 @@ def test_standalone_after(suite):
     assert len(res["kernel_calls"]) == sum(len(v) for v in res["accepted"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["fail_local", "fail_peer", "fail_local_mnnvl"])
 def test_failed_creation_is_sticky_and_rank_consistent(suite, case):
     """Before: a failed creation is retried by the next caller (the drafter's
@@ -157,6 +192,7 @@ def test_failed_creation_is_sticky_and_rank_consistent(suite, case):
         assert "must be initialized" in call["message"]
 
 
+@pytest.mark.slow
 def test_no_creation_during_cuda_graph_capture(suite):
     """Warm start whose first fused call is inside a CUDA graph capture: the
     workspace must exist already (created when the worker loaded the models)."""
@@ -166,12 +202,14 @@ def test_no_creation_during_cuda_graph_capture(suite):
     assert after["call"] == {"fused": True, "max_abs_err": 0.0}, after
 
 
+@pytest.mark.slow
 def test_second_engine_without_teardown_fails_clearly(suite):
     res = suite["after"]["two_engines_no_teardown"]
     assert res.get("error") == "ValueError", res
     assert "does not serve this engine" in res["message"]
 
 
+@pytest.mark.slow
 def test_collected_drafter_pass_keeps_the_workspace(suite):
     before, after = suite["before"]["drafter_collected"], suite["after"]["drafter_collected"]
     assert before["destroyed"] == 1 and len(before["created"]) == 2, before
@@ -180,6 +218,7 @@ def test_collected_drafter_pass_keeps_the_workspace(suite):
     assert all(v["fused"] and v["max_abs_err"] == 0.0 for v in after["forward"]["target"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["two_engines", "two_engines_first_failed"])
 def test_second_wider_engine_after_teardown(suite, case):
     res = suite["after"][case]
@@ -193,6 +232,7 @@ def test_second_wider_engine_after_teardown(suite, case):
 
 
 # -- correct in both trees ------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize(
     ("case", "models", "shape"),
@@ -212,6 +252,7 @@ def test_unaffected_configs(suite, when, case, models, shape):
     assert (ws["max_token_num"], ws["hidden_dim"]) == shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["cold_narrow_draft", "cold_equal", "cold_no_spec"])
 def test_no_extra_memory_when_draft_not_wider(suite, case):
     b = suite["before"][case]["workspaces"]["_fi_ar_workspace"]
@@ -219,6 +260,7 @@ def test_no_extra_memory_when_draft_not_wider(suite, case):
     assert a["bytes"] == b["bytes"]
 
 
+@pytest.mark.slow
 def test_every_model_keeps_its_fused_range(suite):
     """SM90 TP4 (2 MiB budget): target (2048) fuses up to 512 tokens and the
     drafter (2560) up to 409, exactly as before the patch, from one
@@ -234,6 +276,7 @@ def test_every_model_keeps_its_fused_range(suite):
 
 
 # -- property over the configuration space --------------------------------------
+@pytest.mark.slow
 def test_property_every_fused_shape_fits(results):
     """Hypothesis (derandomized: both trees see the same cases) over hidden
     sizes, draft width (none / same / any), TP 2/4/8, SM90/100/103, token

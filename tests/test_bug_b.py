@@ -19,9 +19,15 @@ bytes, choose one-shot for sizes the MNNVL workspace it allocated cannot hold
 applies that table on MNNVL the way the tree applies it on TRT-LLM (and the
 way vLLM did on MNNVL before vllm#47589); after the patch the tree decides on
 MNNVL itself and nothing is forced.
+
+Tiers: the seed replay and the narrower model (the patch header's
+`Scenario:`), red before and green after, are the fast tier; the property
+test over generated configurations and the standalone all-reduce are slow.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -33,14 +39,28 @@ from tpfix.replay.harness import run_scenario, tree_after, tree_before
 PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
 
 
-@pytest.fixture(scope="module")
-def seed_before():
-    return run_scenario(tree_before(PATCH), "bug_b:seed_replay")
+def _before_and_after(spec: str, **kwargs) -> tuple[dict, dict]:
+    """One scenario on the tree before and the tree after the patch, the two
+    subprocesses concurrently (they are independent)."""
+    trees = tree_before(PATCH), tree_after(PATCH)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        before, after = (pool.submit(run_scenario, t, spec, **kwargs) for t in trees)
+        return before.result(), after.result()
 
 
 @pytest.fixture(scope="module")
-def seed_after():
-    return run_scenario(tree_after(PATCH), "bug_b:seed_replay")
+def seed():
+    return _before_and_after("bug_b:seed_replay")
+
+
+@pytest.fixture(scope="module")
+def seed_before(seed):
+    return seed[0]
+
+
+@pytest.fixture(scope="module")
+def seed_after(seed):
+    return seed[1]
 
 
 def test_seed_arithmetic_with_flashinfer_functions(seed_before, seed_after):
@@ -90,8 +110,7 @@ def test_narrower_model_gets_a_strategy_the_workspace_holds():
     one-shot, 1048576 bytes: FlashInfer raises (with a 16-token limit the
     buffer holds no more than that one-shot room).  After the patch vLLM
     requests two-shot."""
-    before = run_scenario(tree_before(PATCH), "bug_b:run_case", **NARROW_DRAFT)
-    after = run_scenario(tree_after(PATCH), "bug_b:run_case", **NARROW_DRAFT)
+    before, after = _before_and_after("bug_b:run_case", **NARROW_DRAFT)
     assert "error" not in before and "error" not in after, (before, after)
     assert before["failures"] + before["unfused"] == 1, before
     assert after["failures"] == 0 and after["unfused"] == 0, after
@@ -142,15 +161,21 @@ CASES = _generate_cases(150) + [NARROW_DRAFT]
 
 
 @pytest.fixture(scope="module")
-def property_before():
-    return run_scenario(tree_before(PATCH), "bug_b:property_cases", cases=CASES)
+def properties():
+    return _before_and_after("bug_b:property_cases", cases=CASES)
 
 
 @pytest.fixture(scope="module")
-def property_after():
-    return run_scenario(tree_after(PATCH), "bug_b:property_cases", cases=CASES)
+def property_before(properties):
+    return properties[0]
 
 
+@pytest.fixture(scope="module")
+def property_after(properties):
+    return properties[1]
+
+
+@pytest.mark.slow
 def test_property_before_fails(property_before):
     """Red before: vLLM's own one-shot policy exceeds the allocation in some
     generated cases (all on MNNVL).  As shipped (FlashInfer's AUTO on MNNVL)
@@ -173,6 +198,7 @@ def test_property_before_fails(property_before):
         assert case["backend"] == "mnnvl" and len(set(case["widths"])) > 1, case
 
 
+@pytest.mark.slow
 def test_property_after_always_fits(property_after):
     r = property_after
     assert "error" not in r, r
@@ -201,11 +227,11 @@ STANDALONE_NARROW = dict(
 )
 
 
+@pytest.mark.slow
 def test_standalone_narrower_input_fits():
-    """Runs tests/scenarios/bug_a.py:standalone (FlashInferAllReduce's real
+    """Runs tpfix/replay/bug_a.py:standalone (FlashInferAllReduce's real
     should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks)."""
-    before = run_scenario(tree_before(PATCH), "bug_a:standalone", **STANDALONE_NARROW)
-    after = run_scenario(tree_after(PATCH), "bug_a:standalone", **STANDALONE_NARROW)
+    before, after = _before_and_after("bug_a:standalone", **STANDALONE_NARROW)
     assert before.get("error") == "ValueError", before
     assert "insufficient" in before["message"], before["message"]
     assert "error" not in after, after

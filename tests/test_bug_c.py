@@ -8,6 +8,7 @@ communicator whenever TP >= 2) is imported for real.
 """
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,18 +24,29 @@ def _needs_old_python():
     assert sys.version_info < (3, 12), "run the suite on Python 3.10 or 3.11"
 
 
-def test_before_patch_tp_import_dies_with_type_error():
-    tree = tree_before(PATCH)
-    assert pinned_flashinfer(tree) == "0.6.16.post3"
-    result = run_scenario(tree, "bug_c:import_flashinfer_all_reduce")
+@pytest.fixture(scope="module")
+def imports() -> dict:
+    """The TP>=2 import on the tree before and after the patch, the two
+    subprocesses concurrently (they are independent)."""
+    trees = {"before": tree_before(PATCH), "after": tree_after(PATCH)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            when: pool.submit(run_scenario, tree, "bug_c:import_flashinfer_all_reduce")
+            for when, tree in trees.items()
+        }
+        return {when: fut.result() for when, fut in futures.items()}
+
+
+def test_before_patch_tp_import_dies_with_type_error(imports):
+    assert pinned_flashinfer(tree_before(PATCH)) == "0.6.16.post3"
+    result = imports["before"]
     assert result["error"] == "TypeError"
     assert result["message"] == "type 'array.array' is not subscriptable"
 
 
-def test_after_patch_tp_import_works_and_fusion_is_available():
-    tree = tree_after(PATCH)
-    assert pinned_flashinfer(tree) == "0.6.16.post4"
-    result = run_scenario(tree, "bug_c:import_flashinfer_all_reduce")
+def test_after_patch_tp_import_works_and_fusion_is_available(imports):
+    assert pinned_flashinfer(tree_after(PATCH)) == "0.6.16.post4"
+    result = imports["after"]
     assert result == {
         "python": list(sys.version_info[:2]),
         "flashinfer": "0.6.16.post4",

@@ -21,6 +21,9 @@ from tpfix.fetch import fetch_wheel
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files, verify_wheel
 
+# builds two wheels with ./build.sh
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="session")
 def built(built_wheel: Path) -> Path:

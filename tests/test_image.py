@@ -37,6 +37,9 @@ from tpfix.fetch import fetch_wheel
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files
 
+# builds a Debian rootfs, a stand-in base image and our image (buildah)
+pytestmark = pytest.mark.slow
+
 SITE_GLOB = "usr/local/lib/python3*/dist-packages"
 
 

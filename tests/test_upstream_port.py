@@ -35,6 +35,9 @@ from tpfix.patchfile import read_series
 from tpfix.quilt import Quilt
 from tpfix.replay.harness import Check, patch_checks, run_scenario
 
+# downloads and patches the newest release, rebases, exports, replays its scenarios
+pytestmark = pytest.mark.slow
+
 TAG = "v0.33.0"
 PORT = Path(__file__).resolve().parent.parent / "upstream" / TAG
 SERIES = PORT / "series"

@@ -28,6 +28,9 @@ import pytest
 from tpfix.common import PATCHES, read_series
 from tpfix.replay.harness import scenario_env, tree_after, tree_before
 
+# runs vLLM's own test files in each tree, with and without each patch
+pytestmark = pytest.mark.slow
+
 _DEF = re.compile(r"(?:async )?def (\w+)")
 
 
