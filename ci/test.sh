@@ -1,12 +1,41 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-# The test command: lint, then the whole pytest suite (tests/).
+# The test command: lint, then the pytest suite in two tiers, each test once:
+# the fast tier (-m "not slow": series checks, each bug's scenario replays),
+# then the slow one (-m slow: real builds, the image, the sweeps).  Both run
+# even when the first fails; the command fails when either does.
 # Sets up build/venv (build + test requirements, and vLLM v0.27.1's common
 # runtime requirements for the scenario tests), shared with ./build.sh.
-# Extra arguments go to pytest, e.g.  ci/test.sh -k bug_a
+# Extra arguments go to pytest in both tiers, e.g.  ci/test.sh -k bug_a
+# (a -m of your own replaces the tiers: one pytest run with your selection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# System tools, checked before anything is installed (README: prerequisites).
+missing=()
+for tool in quilt shellcheck buildah mmdebstrap git; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "error: not found on PATH: ${missing[*]}" >&2
+    echo "  install (Debian/Ubuntu): apt-get install ${missing[*]}" >&2
+    echo "  (quilt: the series; shellcheck: lint; buildah + mmdebstrap: the image" \
+        "tests, tests/test_image.py; git: the forward-port tests)" >&2
+    exit 2
+fi
+# Python 3.11 exactly: bug C (tests/test_bug_c.py) exists only before 3.12,
+# and the build needs >= 3.11.  The venv's Python, or the one it would be made with.
+py=build/venv/bin/python
+[ -x "$py" ] || py=${PYTHON:-python3}
+if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+    echo "error: the test suite needs Python 3.11 (bug C only exists before 3.12);" \
+        "\`$py\` is $("$py" -V 2>&1 || echo missing)" >&2
+    echo "  install python3.11 (Debian 12's python3) and run: rm -rf build/venv;" \
+        "PYTHON=python3.11 ci/test.sh" >&2
+    exit 2
+fi
+
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt ci/requirements-test.txt
@@ -15,12 +44,36 @@ ensure_venv ci/requirements-build.txt ci/requirements-test.txt
 echo "==> lint: ruff (scripts, tests), shellcheck"
 "$VENV_PY" -m ruff check scripts tests
 "$VENV_PY" -m ruff format --check scripts tests
-if command -v shellcheck >/dev/null; then
-    shellcheck build.sh ci/*.sh .ci/run
-else
-    echo "error: shellcheck not found; install it (Debian: apt-get install shellcheck)" >&2
-    exit 2
-fi
+shellcheck build.sh ci/*.sh .ci/run
 
-echo "==> pytest"
-exec "$VENV_PY" -m pytest tests "$@"
+for arg in "$@"; do
+    case $arg in
+    -m | -m* | --markexpr | --markexpr=*)
+        echo "==> pytest (your own -m)"
+        exec "$VENV_PY" -m pytest "$@"
+        ;;
+    esac
+done
+
+# pytest exits 5 when it selects no test: fine in one tier (say, -k matching
+# only slow tests), an error when neither tier has any.
+tier() {
+    local name=$1 expr=$2 rc=0
+    shift 2
+    echo "==> pytest: $name tier (-m \"$expr\")"
+    "$VENV_PY" -m pytest -m "$expr" "$@" || rc=$?
+    return "$rc"
+}
+fast=0 slow=0
+tier fast "not slow" "$@" || fast=$?
+tier slow "slow" "$@" || slow=$?
+echo "==> pytest: fast tier exit $fast, slow tier exit $slow (5: no test selected)"
+if [ "$fast" -eq 5 ] && [ "$slow" -eq 5 ]; then
+    echo "error: no test selected in either tier" >&2
+    exit 5
+fi
+for rc in "$fast" "$slow"; do
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+        exit "$rc"
+    fi
+done
