@@ -2,11 +2,11 @@
 # of vLLM's own, and nothing else changed (same entrypoint, environment, user,
 # working directory; same Python environment except what the series re-pins).
 #
-# Build it with  ./build.sh --image  (or scripts/image.py once dist/ holds the
-# wheel): scripts/image.py stages the build context, build/image/context/:
+# Build it with  ./build.sh --image  (or scripts/tpfix/image.py once dist/ holds the
+# wheel): scripts/tpfix/image.py stages the build context, build/image/context/:
 #   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced
 #   wheels/*.whl + wheels/SHA256SUMS  requirements the series re-pins (from pins/)
-#   image_inside.py                   the steps below (scripts/image_inside.py)
+#   image_inside.py                   the steps below (scripts/tpfix/image_inside.py)
 # and passes the labels' values.  See README.md, "Container image".
 ARG BASE_IMAGE=vllm/vllm-openai:v0.27.1
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""pytest set-up: make tests/harness.py and scripts/ importable, and share one
+"""pytest set-up: make scripts/tpfix/replay/harness.py and scripts/ importable, and share one
 real ./build.sh run between the tests that need a built wheel."""
 
 import subprocess
@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tpfix.common import Line, get_line, line_names
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 
-def run_build_sh(dist: Path, work: Path) -> Path:
+def run_build_sh(dist: Path, work: Path, line: str | None = None) -> Path:
     """./build.sh as a user runs it, into `dist`; returns the one wheel there."""
     proc = subprocess.run(
-        [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(work)],
+        [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(work)]
+        + (["--line", line] if line else []),
         text=True,
         capture_output=True,
         timeout=1200,
@@ -24,6 +27,13 @@ def run_build_sh(dist: Path, work: Path) -> Path:
     wheels = list(dist.glob("*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
+
+
+@pytest.fixture(scope="session", params=[n for n in line_names() if not get_line(n).is_default])
+def line_build(request, tmp_path_factory) -> tuple[Line, Path]:
+    """(line, wheel) of one real ./build.sh --line TAG run per other release line."""
+    base = tmp_path_factory.mktemp(f"build-{request.param}")
+    return get_line(request.param), run_build_sh(base / "dist", base / "work", request.param)
 
 
 @pytest.fixture(scope="session")

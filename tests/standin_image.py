@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""A local stand-in for vllm/vllm-openai:v0.27.1, built without any registry.
+"""A local stand-in for vllm/vllm-openai:v0.27.1 (and v0.33.0), built without any registry.
 
 The real base cannot be pulled here.  The stand-in keeps what the image build
 touches: a Debian rootfs (mmdebstrap) whose system python3 + pip install into
@@ -123,7 +123,17 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def _inputs(ctx: Path) -> list[Path]:
+# vllm/vllm-openai of the other lines: v0.33.0's image fetches FlashInfer's
+# kernels with `flashinfer download-kernels` (docker/Dockerfile) instead of
+# installing flashinfer-cubin / flashinfer-jit-cache, so its stand-in holds
+# flashinfer-python only, at the release v0.33.0 pins.
+LINE_FLASHINFER = {"v0.33.0": "0.7.2.post1"}
+
+
+def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
+    if tag is not None and tag in LINE_FLASHINFER:
+        official = fetch_wheel(host_arch(), tag)
+        return [official, fetch_test_dep("flashinfer-python", LINE_FLASHINFER[tag])]
     official = fetch_wheel(host_arch())
     fi = fetch_test_dep("flashinfer-python", FI_OLD)
     made = [
@@ -133,12 +143,12 @@ def _inputs(ctx: Path) -> list[Path]:
     return [official, fi, *made]
 
 
-def standin_base(buildah: str = "buildah") -> str:
-    """localhost/vllm-standin-base:<content key>, built once."""
+def standin_base(buildah: str = "buildah", tag: str | None = None) -> str:
+    """localhost/vllm-standin-base:<content key>, built once; `tag`: another line's."""
     fs = rootfs()
     with tempfile.TemporaryDirectory(dir=cache_dir() / "images") as tmp:
         ctx = Path(tmp)
-        inputs = _inputs(ctx)
+        inputs = _inputs(ctx, tag)
         key = hashlib.sha256(CONTAINERFILE.encode() + fs.name.encode())
         for p in sorted(inputs, key=lambda p: p.name):
             key.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())

@@ -6,7 +6,7 @@ from the first caller instead of the engine configuration.
 Every scenario runs the REAL vLLM code of the tree under test (configs, the
 worker's distributed init, AllReduceFusionPass, the fused custom op, the
 workspace getters, FlashInferAllReduce) and FlashInfer's real Python
-validation, in a subprocess.  SIMULATED (see tests/scenarios/bug_a.py): the
+validation, in a subprocess.  SIMULATED (see scripts/tpfix/replay/bug_a.py): the
 CUDA device (platform reports CUDA + SM capability), torch.distributed (a fake
 TP group whose all-reduce is input * TP), GPU allocation (FlashInfer's real
 workspace classes built with cls.__new__, sized with FlashInfer's own

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B (seed 001, issue 4): the one-shot all-reduce threshold in two units.
 
-The scenarios (tests/scenarios/bug_b.py) run the tree's real vLLM code (the
+The scenarios (scripts/tpfix/replay/bug_b.py) run the tree's real vLLM code (the
 compiled op ``call_trtllm_fused_allreduce_norm``, the workspace planning and
 creation of ``flashinfer_all_reduce``) on FlashInfer's real Python layer; only
 GPU memory, kernel launches and the TP group are simulated (see the scenario

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The container image (Dockerfile, scripts/image.py), built here without a registry.
+"""The container image (Dockerfile, scripts/tpfix/image.py), built here without a registry.
 
 The real base, vllm/vllm-openai:v0.27.1, cannot be pulled; tests/standin_image.py
 builds a local stand-in (Debian rootfs + the official v0.27.1 wheel and
@@ -296,6 +296,63 @@ def test_one_small_layer_holding_only_the_difference(buildah, built, base):
     assert any(n.endswith("/.wh.vllm-0.27.1.dist-info") for n in names), names
     missing = [p for p in patched if not any(n.endswith("/" + p) for n in names)]
     assert not missing, missing
+
+
+# --- the other release lines ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def line_image(buildah, line_build, tmp_path_factory):
+    """The image of another line (./build.sh --line TAG's wheel) on its stand-in base."""
+    line, wheel = line_build
+    base = standin_image.standin_base(buildah, line.tag)
+    version = read_version(line.version_file)
+    ref = f"localhost/vllm-tpfix-test:{image.default_tag(version).split(':')[1]}"
+    tmp = tmp_path_factory.mktemp("line-image")
+    b = image.build_image(
+        dist=wheel.parent,
+        base=base,
+        tag=ref,
+        archive_dir=tmp / "out",
+        engine="buildah",
+        ctx=tmp / "ctx",
+        line=line,
+    )
+    yield line, b, base
+    subprocess.run([buildah, "rmi", ref], capture_output=True)
+    if b.archive:
+        b.archive.unlink(missing_ok=True)
+
+
+def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
+    line, built, base = line_image
+    version = read_version(line.version_file)
+    public = version.split("+")[0]
+    out = built.output
+    assert f"image: ok, vllm {version}" in out
+    assert "image: pip check: no new problems" in out
+    # this line re-pins nothing: vllm is the only distribution that changes
+    assert re.search(rf"changed distributions: vllm {re.escape(version)}$", out, re.M), out
+    eng = image.Engine("buildah", buildah)
+    ours, theirs = image.inspect(eng, built.ref)["layers"], image.inspect(eng, base)["layers"]
+    assert ours[:-1] == theirs and ours[-1] < 5_000_000
+    labels = image.inspect(eng, built.ref)["config"].get("Labels") or {}
+    assert any(v == line.tag for v in labels.values()), labels
+    with tarfile.open(built.archive) as arc:
+        manifest = json.load(arc.extractfile("manifest.json"))
+        with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
+            names = [m.name for m in layer.getmembers() if not m.isdir()]
+    names_of_line = read_series(line.series)
+    patched = {f for f in touched_files(names_of_line, line.patches) if f.startswith("vllm/")}
+    allowed = re.compile(
+        r"^usr/local/lib/python3[^/]*/dist-packages/("
+        + "|".join(re.escape(p) for p in sorted(patched | {"vllm/_version.py"}))
+        + rf"|vllm-{re.escape(version)}\.dist-info/.*"
+        + rf"|\.wh\.vllm-{re.escape(public)}\.dist-info)$|^usr/local/bin/vllm$"
+    )
+    strays = [n for n in names if not allowed.match(n)]
+    assert not strays, strays
+    assert all(any(n.endswith("/" + p) for n in names) for p in patched), names
 
 
 # --- failures ------------------------------------------------------------------

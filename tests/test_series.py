@@ -10,14 +10,23 @@ import sys
 
 import pytest
 
-from tpfix.common import LABEL, PATCHES, ROOT, read_version, sdist_pin
+from tpfix.common import (
+    LABEL,
+    PATCHES,
+    ROOT,
+    get_line,
+    line_names,
+    read_version,
+    sdist_pin,
+    wheel_pin,
+)
 from tpfix.maint.series import check
 from tpfix.patchfile import read_patch, read_series
 from tpfix.replay.harness import patch_checks, tree_after
 from tpfix.verify import touched_files
 
 SERIES = read_series()
-PORTS = ROOT / "upstream"
+PORTS = ROOT / "lines"
 
 
 def test_series_is_not_empty_and_every_patch_is_listed():
@@ -30,7 +39,7 @@ def test_series_applies_exactly_and_refresh_reproduces_each_patch():
     check()  # raises Fail naming the patch otherwise
 
 
-# Every header, of the product series and of the forward ports (upstream/TAG/).
+# Every header, of the default line (patches/) and of the other lines (lines/TAG/).
 HEADERS = [(PATCHES, n) for n in SERIES] + [
     (series.parent, n) for series in sorted(PORTS.glob("*/series")) for n in read_series(series)
 ]
@@ -84,13 +93,30 @@ def test_every_forward_port_states_its_claims(series):
         assert claims and all(len(c) > 40 for c in claims), name
 
 
-def test_version_names_distribution_and_patch_level():
-    version = read_version()
+@pytest.mark.parametrize("name", line_names())
+def test_version_names_distribution_and_patch_level(name: str):
+    line = get_line(name)
+    version = read_version(line.version_file)
     public, local = version.split("+")
-    assert public == sdist_pin().version
+    assert f"v{public}" == line.tag == name
+    assert public == sdist_pin(line.tag).version
     label, level = local.split(".")
     assert label == LABEL
-    assert int(level) == len(SERIES), "bump VERSION's patch level with the series"
+    assert int(level) == len(read_series(line.series)), "bump VERSION's patch level"
+
+
+def test_every_line_is_one_folder_with_pins_for_both_arches():
+    assert line_names()[0] == get_line().tag, "the default line comes first"
+    for name in line_names():
+        line = get_line(name)
+        assert line.series.exists() and line.pins.exists(), name
+        if not line.is_default:
+            assert {line.version_file.parent, line.pins.parent} == {line.patches}, name
+        assert {wheel_pin(a, line.tag).arch for a in ("x86_64", "aarch64")} == {
+            "x86_64",
+            "aarch64",
+        }
+        assert line.official_cuda().startswith(("12.", "13."))
 
 
 def test_patched_python_is_ruff_clean_with_vllms_config():

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The series moved to vLLM v0.33.0: rebase report, forward port, export.
 
-* scripts/rebase.py classifies every patch of patches/series on v0.33.0 (the
+* scripts/tpfix/maint/rebase.py classifies every patch of patches/series on v0.33.0 (the
   report is produced here, as in CI, and each class is asserted), and its
   classification machinery is checked on small synthetic trees;
 * upstream/v0.33.0/ (the forward-ported series, pins/v0.33.0.toml) applies
@@ -10,7 +10,7 @@
 * each port is red without / green with it on v0.33.0: its scenario (the
   functions tests/test_bug_*.py use, run on v0.33.0 trees with FlashInfer
   0.7.2.post1, the release v0.33.0 pins) and the vLLM tests it carries;
-* scripts/export.py's mails apply with `git am` to a git repository made from
+* scripts/tpfix/maint/export.py's mails apply with `git am` to a git repository made from
   pristine v0.33.0 and give the ported tree; the PR descriptions follow
   v0.33.0's template.
 """
@@ -39,7 +39,7 @@ from tpfix.replay.harness import Check, patch_checks, run_scenario
 pytestmark = pytest.mark.slow
 
 TAG = "v0.33.0"
-PORT = Path(__file__).resolve().parent.parent / "upstream" / TAG
+PORT = Path(__file__).resolve().parent.parent / "lines" / TAG
 SERIES = PORT / "series"
 BUG_A = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
 BUG_B = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
@@ -255,13 +255,13 @@ def test_classify_absorbed_needs_a_discriminating_check(tmp_path):
 
 
 def test_port_has_pins_and_carries_only_unabsorbed_fixes():
-    assert (PORT.parent.parent / "pins" / f"{TAG}.toml").exists()
+    assert (PORT / "pins.toml").exists()
     assert PORTED and PORTED[0] == BUG_A
     assert set(PORTED) <= set(read_series()) - {BUG_C}
 
 
 def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
-    """Like scripts/series.py check, for upstream/v0.33.0 on pristine v0.33.0."""
+    """Like scripts/tpfix/maint/series.py check, for upstream/v0.33.0 on pristine v0.33.0."""
     copy = tmp_path / "patches"
     shutil.copytree(PORT, copy)
     tree = prepare_tree(tmp_path / "vllm", upto="", tag=TAG)

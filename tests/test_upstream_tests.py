@@ -9,7 +9,7 @@ skipped; in the tree before the patch, with the patched test files copied in,
 they must fail.  Tests a patch does not touch may skip (upstream's 2-GPU
 tests do on a CPU host).
 
-They run on CPU: tests/support/vllm_cpu_stubs.py stands in for the compiled
+They run on CPU: scripts/tpfix/replay/vllm_cpu_stubs.py stands in for the compiled
 `torch.ops._C` ops that vLLM modules look up at import and reports zero
 accelerators (see its docstring); everything else is vLLM's own code and the
 FlashInfer release the tree pins.

@@ -7,7 +7,15 @@ binary out of the official wheel we fetched and verified, and builds the
 Python part from our patched sources.  setup.py picks its target from
 `torch.version.cuda`, which is None on a CPU-only torch; since nothing is
 compiled here, we tell setup.py the CUDA version the official wheel was built
-for, in the build process only (no sitecustomize, nothing installed).
+for (`cuda` in the line's pins), in the build process only (no sitecustomize,
+nothing installed).
+
+torch's own version does not reach the wheel: in this mode setup.py reads
+only `torch.version.*` (target detection) and nothing is compiled against
+torch.  So every line builds with the CPU torch of ci/requirements-build.txt,
+also v0.33.0 (whose pyproject asks for torch 2.14.0, which exists only as a
+CUDA build with GBs of dependencies); verify.py proves it per build, file by
+file against the official wheel.
 """
 
 from __future__ import annotations
@@ -20,14 +28,9 @@ from pathlib import Path
 
 from tpfix.common import Fail, run
 
-# The official v0.27.1 wheels are CUDA 13 builds: their METADATA keeps the
-# `[cu13]` extras that setup.py strips on CUDA 12 (and verify.py compares the
-# METADATA with the official one, so a wrong value here fails the build).
-OFFICIAL_CUDA = "13.0"
-
-_SETUP = f"""
+_SETUP = """
 import runpy, sys, torch
-torch.version.cuda = {OFFICIAL_CUDA!r}
+torch.version.cuda = sys.argv[3]
 sys.argv = ["setup.py", "bdist_wheel", "--py-limited-api=cp38",
             "--plat-name", sys.argv[1], "--dist-dir", sys.argv[2]]
 runpy.run_path("setup.py", run_name="__main__")
@@ -53,8 +56,12 @@ def build_wheel(
     out_dir: Path,
     epoch: str,
     log: Path,
+    cuda: str,
 ) -> Path:
-    """Build into `out_dir` and return the wheel, named like the official one."""
+    """Build into `out_dir` and return the wheel, named like the official one.
+
+    `cuda` is the CUDA version the official wheel was built for (Line.official_cuda).
+    """
     env = dict(os.environ)
     env.update(
         VLLM_USE_PRECOMPILED="1",
@@ -65,7 +72,7 @@ def build_wheel(
         PYTHONHASHSEED="0",
     )
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        proc = run([sys.executable, "-c", _SETUP, f"linux_{arch}", tmp], cwd=tree, env=env)
+        proc = run([sys.executable, "-c", _SETUP, f"linux_{arch}", tmp, cuda], cwd=tree, env=env)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:

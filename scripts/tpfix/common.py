@@ -96,7 +96,70 @@ def load_pins(path: Path) -> list[Artifact]:
     return arts
 
 
+@dataclass(frozen=True)
+class Line:
+    """A release line: one upstream tag with its pins, its series and its version.
+
+    The default line (the pinned tag, built by ./build.sh without --line) is
+    the top of the repository: VERSION, pins/<tag>.toml, patches/.  Every
+    other line is one folder, lines/<tag>/: VERSION, pins.toml, and the quilt
+    series (series + its patches) beside them.  Lines share all the tooling.
+    """
+
+    version_file: Path
+    pins: Path
+    patches: Path
+
+    @property
+    def series(self) -> Path:
+        return self.patches / "series"
+
+    @property
+    def tag(self) -> str:
+        return "v" + self.version_file.read_text().strip().split("+")[0]
+
+    @property
+    def is_default(self) -> bool:
+        return self.version_file == VERSION_FILE
+
+    def official_cuda(self) -> str:
+        """The CUDA version the official wheels of this tag were built for."""
+        try:
+            return tomllib.loads(self.pins.read_text())["cuda"]
+        except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
+            raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels') from None
+
+
+LINES = ROOT / "lines"
+
+
+def default_line() -> Line:
+    return Line(VERSION_FILE, PINS / f"{TAG}.toml", PATCHES)
+
+
+def line_names() -> list[str]:
+    """Every release line, the default first, then lines/ by version."""
+    others = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists()]
+    return [TAG, *sorted((n for n in others if n != TAG), key=lambda n: Version(n[1:]))]
+
+
+def get_line(name: str | None = None) -> Line:
+    """The release line `name` (a tag such as v0.33.0); None is the default."""
+    if name is None or name == TAG:
+        return default_line()
+    folder = LINES / name
+    if not (folder / "VERSION").exists():
+        raise Fail(
+            f"no release line {name!r} ({shown(folder)}/VERSION is missing); "
+            f"lines: {', '.join(line_names())}"
+        )
+    return Line(folder / "VERSION", folder / "pins.toml", folder)
+
+
 def tag_pins(tag: str = TAG) -> Path:
+    """The pin file of `tag`: its line's, or pins/<tag>.toml for a tag with no line."""
+    if tag != TAG and (LINES / tag / "pins.toml").exists():
+        return LINES / tag / "pins.toml"
     return PINS / f"{tag}.toml"
 
 
@@ -136,7 +199,7 @@ def read_version(path: Path = VERSION_FILE) -> str:
         raise Fail(f"{path}: {text!r} is not a PEP 440 version") from None
     if str(v) != text:
         raise Fail(f"{path}: write the normalized form {str(v)!r}, not {text!r}")
-    pins = PINS / f"v{v.public}.toml"
+    pins = tag_pins(f"v{v.public}")
     if not pins.exists():
         raise Fail(f"{path}: public version {v.public} has no pins ({pins.name} is missing)")
     upstream = sdist_pin(f"v{v.public}").version

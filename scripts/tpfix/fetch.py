@@ -8,8 +8,8 @@ Artifacts land in <cache>/sha256/<hex>/<filename> (cache: $VLLM_DIST_CACHE or
 sha256 match the pin is moved into the cache, so an interrupted or corrupted
 download never becomes a cache entry.
 
-    python scripts/fetch.py                 # sdist + official wheel for this arch
-    python scripts/fetch.py --all           # every artifact of every pin file
+    python -m tpfix.fetch                 # sdist + official wheel for this arch
+    python -m tpfix.fetch --all           # every artifact of every pin file
 """
 
 from __future__ import annotations
@@ -139,6 +139,67 @@ def _fetch(art: Artifact, pinfile: Path | None) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(got, dest)  # same file system: atomic
     return dest
+
+
+ARCH_PLATFORMS = {"x86_64": "manylinux_2_28_x86_64", "aarch64": "manylinux_2_28_aarch64"}
+
+
+def pin_release(project: str, version: str) -> list[Artifact]:
+    """Download the sdist and the official wheels of a release that has no pins
+    yet, with pip (the same arguments as `fetch`, without hashes), and return
+    their pins: sha256 and size of the downloaded files.  The files go into the
+    cache under those hashes.  The result is a proposal for a person to review
+    before it is committed: nothing checks it against an earlier pin.
+    """
+    wanted = [Artifact(project, version, "sdist", "", 0, "")] + [
+        Artifact(project, version, "wheel", "", 0, "", arch, plat)
+        for arch, plat in ARCH_PLATFORMS.items()
+    ]
+    tmp_root = cache_dir() / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    pins = []
+    for want in wanted:
+        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+            env = dict(os.environ)
+            if project == "vllm" and want.role == "sdist":
+                env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=version)
+            what = "sdist" if want.role == "sdist" else f"{want.arch} wheel"
+            print(f"pin: {project}=={version} {what} (pip download)", file=sys.stderr)
+            args = (
+                ["--no-binary", project, "--no-build-isolation"]
+                if want.role == "sdist"
+                else [
+                    "--only-binary",
+                    ":all:",
+                    "--platform",
+                    want.platform,
+                    "--python-version",
+                    "3.12",
+                ]
+            )
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps"]
+            cmd += ["--disable-pip-version-check", f"{project}=={version}", "-d", tmp, *args]
+            proc = run(cmd, env=env)
+            files = [f for f in Path(tmp).iterdir() if f.is_file()]
+            if proc.returncode != 0 or len(files) != 1:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+                raise Fail(f"{project}=={version} {what}: pip download failed: {' '.join(tail)}")
+            got = files[0]
+            art = Artifact(
+                project,
+                version,
+                want.role,
+                got.name,
+                got.stat().st_size,
+                sha256_file(got),
+                want.arch,
+                want.platform,
+            )
+            dest = cached_path(art)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(got, dest)
+            pins.append(art)
+    return pins
 
 
 def fetch_sdist(tag: str = TAG) -> Path:

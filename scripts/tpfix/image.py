@@ -2,14 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Container image: the official vLLM image with our wheel (Dockerfile).
 
-    python scripts/image.py                       # image from dist/ (./build.sh first)
-    python scripts/image.py --flashinfer-index URL
-    python scripts/image.py --measure             # + our layer vs a plain reinstall
+    python -m tpfix.image                       # image from dist/ (./build.sh first)
+    python -m tpfix.image --flashinfer-index URL
+    python -m tpfix.image --measure             # + our layer vs a plain reinstall
     ./build.sh --image [same options]             # the wheel, then the image
 
 Stages the build context in build/image/context/ (the wheel and SHA256SUMS
 from dist/, hash-pinned wheels of the requirements the series re-pins, the
-in-build steps scripts/image_inside.py), then builds the Dockerfile with
+in-build steps scripts/tpfix/image_inside.py), then builds the Dockerfile with
 docker (buildx) where an engine answers, otherwise daemonless with buildah or
 podman (--isolation chroot) and writes a loadable docker-archive to
 dist/image/<name>.tar.  The wheel is checked against SHA256SUMS inside the
@@ -34,17 +34,20 @@ from itertools import takewhile
 from pathlib import Path
 
 from tpfix.common import (
-    PATCHES,
+    LINES,
     PINS,
     ROOT,
-    SERIES,
     TAG,
     Fail,
+    Line,
+    get_line,
     host_arch,
+    line_names,
     load_pins,
     main_wrapper,
     read_version,
     run,
+    shown,
 )
 from tpfix.patchfile import read_series, series_digest
 from tpfix.worklock import dist_lock
@@ -52,6 +55,13 @@ from tpfix.worklock import dist_lock
 DOCKERFILE = ROOT / "Dockerfile"
 INSIDE = Path(__file__).with_name("image_inside.py")
 DEFAULT_BASE = f"vllm/vllm-openai:{TAG}"
+
+
+def default_base(line: Line | None = None) -> str:
+    """The official image of the line's tag (DEFAULT_BASE for the default line)."""
+    return f"vllm/vllm-openai:{(line or get_line()).tag}"
+
+
 CONTEXT = ROOT / "build" / "image" / "context"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -101,7 +111,7 @@ def pinned_wheel(project: str, version: str) -> Path:
     from tpfix.fetch import fetch
 
     norm = re.sub(r"[-_.]+", "-", project).lower()
-    for pinfile in sorted(PINS.glob("*.toml")):
+    for pinfile in sorted(PINS.glob("*.toml")) + sorted(LINES.glob("*/pins.toml")):
         for art in load_pins(pinfile):
             if (
                 re.sub(r"[-_.]+", "-", art.project).lower() == norm
@@ -115,10 +125,11 @@ def pinned_wheel(project: str, version: str) -> Path:
     )
 
 
-def series_info() -> tuple[list[str], str]:
-    """Names in the series, and its digest (patchfile.series_digest)."""
-    names = read_series(SERIES)
-    return names, series_digest(names, PATCHES)
+def series_info(line: Line | None = None) -> tuple[list[str], str]:
+    """Names in the line's series, and its digest (patchfile.series_digest)."""
+    line = line or get_line()
+    names = read_series(line.series)
+    return names, series_digest(names, line.patches)
 
 
 def _git(*args: str) -> str:
@@ -139,21 +150,25 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def stage_context(dist: Path, ctx: Path, arch: str) -> dict[str, str]:
+def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
     from tpfix.fetch import fetch_wheel
 
-    version = read_version()
+    line = line or get_line()
+    version = read_version(line.version_file)
     wheel, digest = find_wheel(dist)
     if wheel.name.split("-")[1] != version:
-        raise Fail(f"{wheel} is not version {version} (VERSION): rerun ./build.sh")
+        raise Fail(
+            f"{wheel} is not version {version} ({shown(line.version_file)}): rerun ./build.sh"
+            + ("" if line.is_default else f" --line {line.tag}")
+        )
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "dist").mkdir(parents=True)
     _link_or_copy(wheel, ctx / "dist" / wheel.name)
     shutil.copy2(dist / "SHA256SUMS", ctx / "dist" / "SHA256SUMS")
     shutil.copy2(INSIDE, ctx / "image_inside.py")
-    pins = repins(wheel, fetch_wheel(arch))
+    pins = repins(wheel, fetch_wheel(arch, line.tag))
     if pins:
         (ctx / "wheels").mkdir()
         lines = []
@@ -162,12 +177,12 @@ def stage_context(dist: Path, ctx: Path, arch: str) -> dict[str, str]:
             _link_or_copy(w, ctx / "wheels" / w.name)
             lines.append(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n")
         (ctx / "wheels" / "SHA256SUMS").write_text("".join(lines))
-    names, series_sha = series_info()
+    names, series_sha = series_info(line)
     return {
         "VERSION": version,
         "REVISION": revision(),
         "SOURCE": _git("remote", "get-url", "origin"),
-        "UPSTREAM_TAG": TAG,
+        "UPSTREAM_TAG": line.tag,
         "SERIES": " ".join(names),
         "SERIES_SHA256": series_sha,
         "WHEEL_SHA256": digest,
@@ -317,18 +332,21 @@ class Built:
 
 def build_image(
     dist: Path = ROOT / "dist",
-    base: str = DEFAULT_BASE,
+    base: str | None = None,
     tag: str | None = None,
     flashinfer_index: str = "",
     archive_dir: Path | None = ROOT / "dist" / "image",
     engine: str = "auto",
     ctx: Path = CONTEXT,
     arch: str | None = None,
+    line: Line | None = None,
 ) -> Built:
+    line = line or get_line()
+    base = base or default_base(line)
     eng = detect_engine(engine)
-    tag = tag or default_tag()
+    tag = tag or default_tag(read_version(line.version_file))
     _step(f"image: stage the build context in {ctx}")
-    args = stage_context(dist, ctx, arch or host_arch())
+    args = stage_context(dist, ctx, arch or host_arch(), line)
     args.update(BASE_IMAGE=base, FLASHINFER_INDEX_URL=flashinfer_index)
     _step(f"image: build {tag} on {base} ({eng.name})")
     t0 = time.monotonic()
@@ -380,7 +398,9 @@ def measure(built: Built, base: str) -> dict[str, int]:
 
 def add_image_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("container image")
-    g.add_argument("--base", default=DEFAULT_BASE, help=f"base image (default {DEFAULT_BASE})")
+    g.add_argument(
+        "--base", help=f"base image (default vllm/vllm-openai:<line's tag>, {DEFAULT_BASE})"
+    )
     g.add_argument("--tag", help="image name (default vllm-openai:v<VERSION with - for +>)")
     g.add_argument(
         "--flashinfer-index",
@@ -407,6 +427,7 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
         archive_dir=None if args.no_archive else (args.image_dir or dist / "image"),
         engine=args.engine,
         arch=getattr(args, "arch", None),
+        line=args.line if isinstance(args.line, Line) else get_line(args.line),
     )
     print(built.ref)
     if built.archive:
@@ -416,15 +437,18 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dist", type=Path, default=ROOT / "dist")
+    ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
+    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
     add_image_args(ap)
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
+    line = get_line(args.line)
+    args.dist = args.dist or ROOT / "dist" / ("" if line.is_default else line.tag)
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
         built = image_from_args(args, args.dist)
     if args.measure:
-        sizes = measure(built, args.base)
+        sizes = measure(built, args.base or default_base(line))
         print(f"layers added to the base: {sizes.pop('layers added')}")
         for what, size in sizes.items():
             print(f"{what:>22}: {size / 1e6:10.2f} MB  ({size} bytes, uncompressed layer)")

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Runs inside the image build (Dockerfile), with the base image's own Python.
 
-Standard library and the base's pip only (any Python >= 3.8); scripts/image.py
+Standard library and the base's pip only (any Python >= 3.8); scripts/tpfix/image.py
 stages it into the build context next to the wheel.
 
     image_inside.py stage --ctx /ctx --out /delta    # builder stage, FROM the base
@@ -165,7 +165,7 @@ def check_wheel(ctx: str, version: str) -> str:
 
 
 def staged_wheels(ctx: str) -> dict:
-    """Re-pinned requirements staged by scripts/image.py: {project: (version, path)}."""
+    """Re-pinned requirements staged by scripts/tpfix/image.py: {project: (version, path)}."""
     folder = os.path.join(ctx, "wheels")
     sums_path = os.path.join(folder, "SHA256SUMS")
     if not os.path.isfile(sums_path):
@@ -207,7 +207,7 @@ def plan(wheel: str, env: dict, staged: dict, fi_index: str) -> dict:
         if norm(req.name) not in staged:
             raise Fail(
                 f"the base has {have['name']} {have['version']} but our vllm requires "
-                f"{req}; no wheel for it was staged (scripts/image.py stages the "
+                f"{req}; no wheel for it was staged (scripts/tpfix/image.py stages the "
                 "re-pins the series makes from pins/)"
             )
         version, path = staged[norm(req.name)]

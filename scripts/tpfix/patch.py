@@ -7,10 +7,10 @@ A patch must apply exactly (tpfix.quilt, Quilt.push_exact): quilt runs with
 temporary sibling folder that is renamed into place only when every patch
 applied, so a tree is either pristine+series or absent, never half-patched.
 
-    python scripts/patch.py DEST              # pristine + whole series
-    python scripts/patch.py DEST --upto NAME  # ... up to and including NAME
-    python scripts/patch.py DEST --upto ''    # pristine only
-    python scripts/patch.py DEST --tag v0.33.0 --series upstream/v0.33.0/series
+    python -m tpfix.patch DEST              # pristine + whole series
+    python -m tpfix.patch DEST --upto NAME  # ... up to and including NAME
+    python -m tpfix.patch DEST --upto ''    # pristine only
+    python -m tpfix.patch DEST --tag v0.33.0 --series upstream/v0.33.0/series
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
     ./build.sh                      # wheel for this machine's arch into dist/
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
     ./build.sh --dist DIR           # somewhere else than dist/
-    ./build.sh --image [...]        # then the container image (scripts/image.py)
+    ./build.sh --line v0.33.0       # another release line (lines/v0.33.0/) into dist/v0.33.0/
+    ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
 
 Work happens under build/ (a fresh patched tree per run, logs) and a staging
 folder next to dist/; dist/ only ever receives a verified wheel.
@@ -30,7 +31,17 @@ import time
 from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
-from tpfix.common import ROOT, Fail, host_arch, main_wrapper, read_series, read_version
+from tpfix.common import (
+    ROOT,
+    Fail,
+    Line,
+    get_line,
+    host_arch,
+    line_names,
+    main_wrapper,
+    read_series,
+    read_version,
+)
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.package import publish
 from tpfix.patch import prepare_tree
@@ -59,14 +70,15 @@ def build_locks(workdir: Path, dist: Path):
         yield
 
 
-def run_pipeline(arch: str, dist: Path, workdir: Path) -> Path:
+def run_pipeline(arch: str, dist: Path, workdir: Path, line: Line | None = None) -> Path:
     """The whole build, holding its folders (build_locks) from start to end."""
     with build_locks(workdir, dist):
-        return _run_locked(arch, dist, workdir)
+        return _run_locked(arch, dist, workdir, line or get_line())
 
 
-def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
-    version = read_version()
+def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
+    version = read_version(line.version_file)
+    tag = line.tag
     workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
@@ -74,14 +86,15 @@ def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
     # Left by a killed run: no live build can own them, as we hold both locks.
     for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(prefix + "*")):
         shutil.rmtree(stale, ignore_errors=True)
-    _step(f"fetch + verify pins (vllm sdist, official {arch} wheel)")
-    sdist = fetch_sdist()
-    official = fetch_wheel(arch)
+    _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
+    sdist = fetch_sdist(tag)
+    official = fetch_wheel(arch, tag)
+    names = read_series(line.series)
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:
-        _step(f"patch: pristine {sdist.name} + {len(read_series())} patches (quilt)")
-        tree = prepare_tree(tree_parent / "vllm")
+        _step(f"patch: pristine {sdist.name} + {len(names)} patches (quilt)")
+        tree = prepare_tree(tree_parent / "vllm", series=line.series, patches=line.patches, tag=tag)
         _step(f"build: vllm {version} (setup.py, precompiled kernels)")
         t0 = time.monotonic()
         wheel = build_wheel(
@@ -92,10 +105,11 @@ def _run_locked(arch: str, dist: Path, workdir: Path) -> Path:
             staging,
             source_date_epoch(sdist),
             workdir / "logs" / "build.log",
+            line.official_cuda(),
         )
         _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
         _step(f"verify against {official.name}")
-        problems = verify_wheel(wheel, official, tree, version)
+        problems = verify_wheel(wheel, official, tree, version, names, line.patches)
         if problems:
             raise Fail(
                 f"{wheel.name} differs from the official wheel beyond the series "
@@ -114,17 +128,28 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
-    ap.add_argument("--dist", type=Path, default=ROOT / "dist")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "work")
+    ap.add_argument(
+        "--line",
+        choices=line_names(),
+        default=None,
+        help="release line: an upstream tag (default: the pinned one, VERSION)",
+    )
+    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    ap.add_argument("--workdir", type=Path, help="default build/work (build/work-TAG)")
     ap.add_argument(
         "--image", action="store_true", help="then build the container image (Dockerfile)"
     )
     add_image_args(ap)
     args = ap.parse_args()
+    line = get_line(args.line)
+    suffix = "" if line.is_default else line.tag
+    args.dist = args.dist or ROOT / "dist" / suffix
+    args.workdir = args.workdir or ROOT / "build" / ("work-" + suffix if suffix else "work")
+    args.line = line
     signal.signal(signal.SIGTERM, _raise_interrupt)
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        final = _run_locked(args.arch, args.dist, args.workdir)
+        final = _run_locked(args.arch, args.dist, args.workdir, line)
         print(final, flush=True)
         if args.image:
             image_from_args(args, args.dist)

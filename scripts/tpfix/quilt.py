@@ -96,7 +96,7 @@ class Quilt:
                 file = _file_of(out, m.start())
                 raise Fail(
                     f"{shown(self.patches / name)}: applies only with an offset/fuzz in {file} "
-                    f"({m.group(0).strip()}); refresh it: scripts/series.py refresh"
+                    f"({m.group(0).strip()}); refresh it: scripts/tpfix/maint/series.py refresh"
                 )
 
     def refresh(self, what: str | None = None) -> None:
@@ -122,6 +122,6 @@ def _explain(patch: Path, out: str, tag: str) -> str:
     detail = "; ".join(failed[:3] + missing[:1]) or out.strip().splitlines()[-1:]
     return (
         f"{shown(patch)} does not apply to {tag} (file {where}): {detail}. "
-        "Nothing was left half-patched. Rebase it: scripts/series.py push, fix, "
+        "Nothing was left half-patched. Rebase it: scripts/tpfix/maint/series.py push, fix, "
         "refresh"
     )

@@ -11,7 +11,7 @@ Allowed differences, and nothing else:
     the patched tree byte for byte.
 Every compiled binary, and every other file, must be byte-identical.
 
-    python scripts/verify.py BUILT.whl OFFICIAL.whl PATCHED_TREE
+    python -m tpfix.verify BUILT.whl OFFICIAL.whl PATCHED_TREE
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 def touched_files(names: list[str] | None = None, patches: Path = PATCHES) -> set[str]:
     """Paths (relative to the tree) that the series adds or changes."""
-    names = read_series() if names is None else names
+    names = read_series(patches / "series") if names is None else names
     return {d.new for name in names for d in diff_files(patches / name) if d.new}
 
 
@@ -54,10 +54,17 @@ def _changed_pins(touched: set[str], tree: Path) -> set[str]:
     return projects
 
 
-def verify_wheel(built: Path, official: Path, tree: Path, version: str) -> list[str]:
+def verify_wheel(
+    built: Path,
+    official: Path,
+    tree: Path,
+    version: str,
+    names: list[str] | None = None,
+    patches: Path = PATCHES,
+) -> list[str]:
     """Return a list of human-readable differences that are not allowed."""
     problems: list[str] = []
-    touched = touched_files()
+    touched = touched_files(names, patches)
     with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
         bn = {_norm(n): n for n in b.namelist()}
         on = {_norm(n): n for n in o.namelist()}
@@ -117,10 +124,13 @@ def main() -> None:
     ap.add_argument("built", type=Path)
     ap.add_argument("official", type=Path)
     ap.add_argument("tree", type=Path)
+    ap.add_argument("--line", help="release line (default: the pinned tag)")
     args = ap.parse_args()
-    from tpfix.common import read_version
+    from tpfix.common import get_line, read_version
 
-    problems = verify_wheel(args.built, args.official, args.tree, read_version())
+    line = get_line(args.line)
+    version = read_version(line.version_file)
+    problems = verify_wheel(args.built, args.official, args.tree, version, patches=line.patches)
     if problems:
         raise Fail(
             f"{args.built.name} does not match the official wheel:\n  " + "\n  ".join(problems)

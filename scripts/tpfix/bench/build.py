@@ -7,7 +7,7 @@ to our cold build (empty download cache, no pip cache) and our warm build
 (everything cached); wheel sizes; and the peak disk space the build used
 (cache + work tree + staging + dist, sampled every 0.2 s).
 
-    build/venv/bin/python scripts/bench_build.py
+    build/venv/bin/python -m tpfix.bench.build
 """
 
 from __future__ import annotations

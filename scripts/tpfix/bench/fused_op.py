@@ -5,12 +5,12 @@
 tree before patch 0002) next to the patched series, in one run.
 
 Each tree's REAL ``call_trtllm_fused_allreduce_norm`` runs in its own
-subprocess (tests/scenarios/bug_a.py:op_overhead) with FlashInfer's launch
+subprocess (scripts/tpfix/replay/bug_a.py:op_overhead) with FlashInfer's launch
 replaced by a no-op, so the figure is vLLM's own per-call overhead in eager
 mode (with CUDA graphs the op's Python runs only at capture).  Rounds
 alternate between the trees; the best round of each is printed.
 
-    build/venv/bin/python scripts/bench_fused_op.py [--rounds 3]
+    build/venv/bin/python -m tpfix.bench.fused_op [--rounds 3]
 """
 
 from __future__ import annotations

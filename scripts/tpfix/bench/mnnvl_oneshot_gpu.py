@@ -27,9 +27,9 @@ memory than vLLM uses; it is freed at exit).  MNNVL needs NVLink multicast
 single-node NVLink/PCIe topology.
 
 Usage (one process per GPU; all on one node unless the backend is mnnvl):
-    torchrun --nproc_per_node=8 scripts/bench_mnnvl_oneshot_gpu.py \\
+    torchrun --nproc_per_node=8 scripts/tpfix/bench/mnnvl_oneshot_gpu.py \\
         --hidden 6144 --dtype bfloat16 --max-tokens 512
-    torchrun --nproc_per_node=4 scripts/bench_mnnvl_oneshot_gpu.py \\
+    torchrun --nproc_per_node=4 scripts/tpfix/bench/mnnvl_oneshot_gpu.py \\
         --backend trtllm --hidden 4096 --tokens 1,2,4,8,16,32,64,128,256
     # multi-node MNNVL (GB200 NVL): add --nnodes/--node-rank/--rdzv-endpoint
 

@@ -19,15 +19,15 @@ FlashInfer backends, prints per tree:
 * for MNNVL, the memory the rejected alternative would take: a buffer sized
   for the one-shot range of vLLM's TRT-LLM table.
 
-Everything comes from tests/scenarios/bug_b.py:bench_table run in a fresh
+Everything comes from scripts/tpfix/replay/bug_b.py:bench_table run in a fresh
 interpreter per tree (see that module for what is simulated: GPU memory,
 kernel launches, the TP group).
 
 Usage:
-    python scripts/bench_oneshot.py [--tree-before DIR --tree-after DIR] \\
+    python -m tpfix.bench.oneshot [--tree-before DIR --tree-after DIR] \\
         [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
-Trees default to the series without / with the bug-B patch (tests/harness.py);
-any other tree works too, e.g. `python scripts/patch.py DEST --upto <patch>`.
+Trees default to the series without / with the bug-B patch (scripts/tpfix/replay/harness.py);
+any other tree works too, e.g. `python -m tpfix.patch DEST --upto <patch>`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Each configuration (target/draft hidden sizes of real models, TP 2/4/8,
 SM 90/100/103, backend trtllm/mnnvl, max_num_batched_tokens 16..16384,
 standalone FlashInfer all-reduce off/on) runs in cold and warm creation
 order through the REAL vLLM code of each tree and FlashInfer's own
-validators (tests/scenarios/bug_a.py:sweep; the device layer is simulated
+validators (scripts/tpfix/replay/bug_a.py:sweep; the device layer is simulated
 as that module says).  Printed per tree: configurations that crash (some
 request the engine makes does not fit the workspace it gets, or start-up
 raises), the largest fused token count of every model, and the workspace
@@ -16,7 +16,7 @@ bytes per rank against FlashInfer's minimum (the smallest workspace, as
 wide as the widest model, that holds every model's requests up to its own
 fused range, found with FlashInfer's validators).
 
-    build/venv/bin/python scripts/sweep_workspace.py [--limit N]
+    build/venv/bin/python -m tpfix.bench.sweep_workspace [--limit N]
 
 This is a measurement, not a test: it prints numbers, it asserts nothing.
 """

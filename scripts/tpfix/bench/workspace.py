@@ -6,7 +6,7 @@
 
 For every configuration it runs the REAL vLLM code of each tree (config,
 worker init, AllReduceFusionPass for target and drafter, the fused op's lazy
-creation) in a subprocess via tests/scenarios/bug_a.py:bench, with the
+creation) in a subprocess via scripts/tpfix/replay/bug_a.py:bench, with the
 device layer simulated (no GPU: FlashInfer workspace objects are built with
 FlashInfer's own sizing formulas, no memory is allocated).  It prints:
 

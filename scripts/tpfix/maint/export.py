@@ -2,11 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Export the forward-ported series as mails and pull-request descriptions.
 
-    python scripts/export.py                  # upstream/v0.33.0 -> build/export/v0.33.0/
-    python scripts/export.py v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
-    python scripts/export.py --no-tests       # skip the validation runs (placeholders)
+    python -m tpfix.maint.export             # newest line, lines/v0.33.0 -> build/export/v0.33.0/
+    python -m tpfix.maint.export v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
+    python -m tpfix.maint.export --no-tests       # skip the validation runs (placeholders)
 
-For upstream/TAG/series (the reviewed forward port, see maint.rebase) it
+For lines/TAG/series (a release line: the reviewed forward port, see maint.rebase) it
 checks that the series applies exactly to pristine TAG, then builds a git
 repository from the pristine TAG sdist (one commit), commits each patch with
 its header (patchfile) as the commit message: author and date from its
@@ -49,13 +49,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail, cache_dir, main_wrapper, sdist_pin
+from tpfix.common import ROOT, Fail, cache_dir, get_line, line_names, main_wrapper, sdist_pin
 from tpfix.patch import cached_tree, prepare_tree
 from tpfix.patchfile import Header, diff_files, parse_header, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
 
-DEFAULT_TAG = "v0.33.0"
-UPSTREAM = ROOT / "upstream"
+# Upstream exports come from the newest release line.
+DEFAULT_TAG = line_names()[-1]
 # Header fields that only this distribution reads (DEP-3 and our own, see
 # patchfile): they stay in the quilt headers and are left out of the upstream
 # commits.  Vendor bug fields (Bug-<Vendor>:) are left out too.
@@ -77,7 +77,8 @@ IMPORT_DATE = "2000-01-01T00:00:00+00:00"
 
 
 def port_series(tag: str) -> Path:
-    return UPSTREAM / tag / "series"
+    """The series of release line `tag` (lines/TAG/): upstream exports come from it."""
+    return get_line(tag).series
 
 
 # -- headers -> commits ------------------------------------------------------------
@@ -571,7 +572,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("tag", nargs="?", default=DEFAULT_TAG, help="upstream tag (upstream/TAG/)")
+    ap.add_argument(
+        "tag", nargs="?", default=DEFAULT_TAG, help="release line (lines/TAG/; default: the newest)"
+    )
     ap.add_argument("--out", type=Path, help="output folder (default build/export/TAG)")
     ap.add_argument("--author", help="'Name <email>' for From: and Signed-off-by:")
     ap.add_argument("--no-tests", action="store_true", help="skip the validation runs")

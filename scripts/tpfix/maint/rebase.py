@@ -2,10 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Move the series to another upstream tag and say, per patch, where it stands.
 
-    python scripts/rebase.py v0.33.0                  # report into build/rebase/v0.33.0/
-    python scripts/rebase.py v0.33.0 --out DIR --no-checks
+    python -m tpfix.maint.rebase v0.33.0                  # report into build/rebase/v0.33.0/
+    python -m tpfix.maint.rebase v0.33.0 --out DIR --no-checks
 
-TAG's sdist is fetched and verified like the pinned tag's (pins/TAG.toml).
+TAG's sdist is fetched and verified like the pinned tag's (lines/TAG/pins.toml,
+or pins/TAG.toml for a tag with no line yet).
 Each patch of patches/series is tried, in order, on a working tree: pristine
 TAG plus the patches kept so far.  Its class, in the order they are decided:
 
@@ -312,7 +313,7 @@ def rebase(
     patch's own, from the `Scenario:` fields of its header ({}: none).
     """
     require()
-    pin = sdist_pin(tag)  # pins/TAG.toml must exist: fail before any work
+    pin = sdist_pin(tag)  # the pins of TAG must exist: fail before any work
     names = read_series(series)
     if checks is None:  # a header that names no existing scenario fails here too
         checks = {name: patch_checks(patches / name) for name in names}
@@ -389,7 +390,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("tag", help="target upstream tag, with pins/TAG.toml (e.g. v0.33.0)")
+    ap.add_argument(
+        "tag", help="target upstream tag, with pins (lines/TAG/pins.toml or pins/TAG.toml)"
+    )
     ap.add_argument("--out", type=Path, help="output folder (default build/rebase/TAG)")
     ap.add_argument(
         "--no-checks",

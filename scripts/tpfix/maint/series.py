@@ -2,14 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Maintainer workflow for the quilt series in patches/.
 
-    scripts/series.py setup            # build/dev/vllm: pristine tree bound to patches/
-    scripts/series.py push [NAME|-a]   # apply the next patch / up to NAME / all
-    scripts/series.py pop [-a]         # unapply
-    scripts/series.py new NAME.patch   # start a patch after the current top
-    scripts/series.py add FILE...      # record files before editing them
-    scripts/series.py refresh          # write the top patch back (canonical format)
-    scripts/series.py check            # series applies exactly; refresh is a no-op
-    scripts/series.py quilt ARGS...    # any other quilt command, same settings
+    scripts/tpfix/maint/series.py setup            # build/dev/vllm: pristine tree bound to patches/
+    scripts/tpfix/maint/series.py push [NAME|-a]   # apply the next patch / up to NAME / all
+    scripts/tpfix/maint/series.py pop [-a]         # unapply
+    scripts/tpfix/maint/series.py new NAME.patch   # start a patch after the current top
+    scripts/tpfix/maint/series.py add FILE...      # record files before editing them
+    scripts/tpfix/maint/series.py refresh          # write the top patch back (canonical format)
+    scripts/tpfix/maint/series.py check            # series applies exactly; refresh is a no-op
+    scripts/tpfix/maint/series.py quilt ARGS...    # any other quilt command, same settings
 
 All commands run quilt in build/dev/vllm with QUILT_PATCHES=patches/, so a
 refresh edits the files in this repository: review them with git diff.  quilt
@@ -40,7 +40,7 @@ def quilt(*args: str, tree: Path = DEV, patches: Path = PATCHES, series: Path = 
     """Run `quilt ARGS` in `tree` on the terminal: push exact, refresh canonical."""
     require()
     if not tree.exists():
-        raise Fail(f"{tree} does not exist; run: scripts/series.py setup")
+        raise Fail(f"{tree} does not exist; run: scripts/tpfix/maint/series.py setup")
     return Quilt(tree, patches, series).interactive(*args)
 
 
@@ -48,7 +48,7 @@ def setup() -> None:
     if DEV.exists():
         raise Fail(f"{DEV} exists; remove it first (rm -rf {DEV})")
     prepare_tree(DEV, upto="", keep_quilt_state=True)
-    print(f"{DEV}: pristine; `scripts/series.py push -a` applies the series")
+    print(f"{DEV}: pristine; `scripts/tpfix/maint/series.py push -a` applies the series")
 
 
 def check(patches: Path = PATCHES, series: Path = SERIES) -> None:
@@ -66,7 +66,7 @@ def check(patches: Path = PATCHES, series: Path = SERIES) -> None:
                 diff = run(["diff", "-u", str(patches / name), str(copy / name)])
                 raise Fail(
                     f"patches/{name}: `quilt refresh` does not reproduce it byte for "
-                    f"byte; run scripts/series.py refresh on it:\n{diff.stdout[-3000:]}"
+                    f"byte; run scripts/tpfix/maint/series.py refresh on it:\n{diff.stdout[-3000:]}"
                 )
     print(f"{len(names)} patches apply exactly and refresh to themselves")
 

@@ -1132,7 +1132,7 @@ def property_fits(max_examples: int = 60) -> dict:
 
 
 # --------------------------------------------------------------------------
-# measurement (scripts/bench_workspace.py)
+# measurement (scripts/tpfix/bench/workspace.py)
 # --------------------------------------------------------------------------
 def _all_workspace_bytes() -> int:
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
@@ -1184,7 +1184,7 @@ def bench(configs: list[dict]) -> list[dict]:
 
 
 # --------------------------------------------------------------------------
-# sweep (scripts/sweep_workspace.py): many configurations, one interpreter
+# sweep (scripts/tpfix/bench/sweep_workspace.py): many configurations, one interpreter
 # --------------------------------------------------------------------------
 def fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
     """FlashInfer's own check of an (n, hidden) request against ``ws``, with
@@ -1346,7 +1346,7 @@ def _min_bytes(models, plans, widths, tp, backend) -> int | None:
 
 
 # --------------------------------------------------------------------------
-# measurement (scripts/bench_fused_op.py): the fused op's own Python cost
+# measurement (scripts/tpfix/bench/fused_op.py): the fused op's own Python cost
 # --------------------------------------------------------------------------
 def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2048) -> dict:
     """Seconds per call of the REAL ``call_trtllm_fused_allreduce_norm`` body

@@ -3,7 +3,7 @@
 """Bug B (seed 001): one-shot all-reduce threshold in two different units.
 
 Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:
-tests/scenarios`` (see ``tests/harness.py``).  They drive the REAL vLLM code of
+tests/scenarios`` (see ``scripts/tpfix/replay/harness.py``).  They drive the REAL vLLM code of
 the tree under test (the compiled custom op ``call_trtllm_fused_allreduce_norm``
 and the workspace helpers of ``flashinfer_all_reduce``) on top of the REAL
 FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
@@ -481,7 +481,7 @@ def _ranges(values: list[int]) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------
-# Scenario entry points (called by tests/harness.py run_scenario)
+# Scenario entry points (called by scripts/tpfix/replay/harness.py run_scenario)
 # --------------------------------------------------------------------------
 SEED = {
     "capability": 90,

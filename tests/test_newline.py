@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The next release, prepared: python -m tpfix.maint.newline TAG.
+
+The v0.33.0 line is made again from the v0.27.1 line, in a copy of this
+repository without lines/v0.33.0/, as a maintainer would on the day of a
+release: its pins must equal the committed ones (same files, sha256, size,
+CUDA) and its classification the committed lines/v0.33.0/rebase.json.  The
+downloads are real (pip); the scenario checks are the real replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tpfix.common import ROOT, get_line, load_pins
+
+# downloads the sdist and both official wheels of v0.33.0, replays scenarios
+pytestmark = pytest.mark.slow
+
+TAG = "v0.33.0"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    copy = tmp_path_factory.mktemp("newline") / "repo"
+    for part in ("scripts", "pins", "patches", "lines"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "VERSION", copy / "VERSION")
+    shutil.rmtree(copy / "lines" / TAG)
+    proc = _newline(copy, TAG, "--from", "v0.27.1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return copy, proc
+
+
+def _newline(copy: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(copy / "scripts"))
+    return subprocess.run(
+        [sys.executable, "-m", "tpfix.maint.newline", *args],
+        cwd=copy,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=1800,
+    )
+
+
+def test_pins_equal_the_committed_ones(made):
+    copy, _ = made
+    committed = get_line(TAG).pins
+    ours = copy / "lines" / TAG / "pins.toml"
+    assert sorted(load_pins(ours), key=str) == sorted(load_pins(committed), key=str)
+    assert tomllib.loads(ours.read_text())["cuda"] == get_line(TAG).official_cuda()
+
+
+def test_classification_equals_the_committed_one(made):
+    copy, proc = made
+    folder = copy / "lines" / TAG
+    ours = json.loads((folder / "rebase.json").read_text())
+    committed = json.loads((get_line(TAG).patches / "rebase.json").read_text())
+    assert ours == committed
+    # nothing was carried as is: both fixes conflict with upstream's partial ones
+    carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
+    assert (folder / "series").read_text().split() == carried
+    assert (folder / "VERSION").read_text() == f"{TAG[1:]}+tpfix.{len(carried)}\n"
+    for name, status in ours["patches"].items():
+        assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name
+        assert (folder / name).exists() == (name in carried), name
+    assert "to port by hand" in proc.stdout
+
+
+def test_an_existing_line_is_refused_and_kept(made):
+    copy, _ = made
+    before = sorted(p.name for p in (copy / "lines" / TAG).iterdir())
+    proc = _newline(copy, TAG)
+    assert proc.returncode == 2
+    assert f"lines/{TAG} exists: the line is already there" in proc.stderr
+    assert sorted(p.name for p in (copy / "lines" / TAG).iterdir()) == before
