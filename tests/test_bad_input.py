@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, cache_dir, read_series, sdist_pin
+from tpfix.common import ROOT, cache_dir, sdist_pin
+from tpfix.patchfile import read_series
 
 FAKE_SHA = "0" * 64
 

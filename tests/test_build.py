@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import run_build_sh
 
-from tpfix.common import read_series, read_version, wheel_pin
+from tpfix.common import read_version, wheel_pin
 from tpfix.fetch import fetch_wheel
 from tpfix.patch import cached_tree
+from tpfix.patchfile import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files, verify_wheel
 
@@ -63,26 +64,31 @@ def test_sha256sums_lists_the_wheel(built: Path):
     assert sorted(p.name for p in built.parent.iterdir()) == ["SHA256SUMS", built.name]
 
 
-def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
-    # Independent of scripts/tpfix/verify.py: walk both wheels here.
-    touched = touched_files()
-    tree = tree_after(read_series()[-1])
-    version = read_version()
+def _walk(built: Path, official: Path, touched: set[str], tree: Path, min_binaries: int) -> str:
+    """Independent of scripts/tpfix/verify.py: walk both wheels here; the
+    built wheel's METADATA comes back."""
     with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
         bnames = {n for n in b.namelist() if ".dist-info/" not in n}
         onames = {n for n in o.namelist() if ".dist-info/" not in n}
         assert bnames - onames <= touched
         assert onames <= bnames
         binaries = [n for n in onames if n.endswith(".so")]
-        assert len(binaries) >= 17
+        assert len(binaries) >= min_binaries
         for n in binaries:
             assert b.read(n) == o.read(n), n
         differing = {n for n in onames if b.read(n) != o.read(n)}
         assert differing <= touched | {"vllm/_version.py"}
         for n in bnames & touched:
             assert b.read(n) == (tree / n).read_bytes(), n
-        meta = b.read(f"vllm-{version}.dist-info/METADATA").decode()
-        assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
+        meta = next(n for n in b.namelist() if n.endswith(".dist-info/METADATA"))
+        return b.read(meta).decode()
+
+
+def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
+    tree = tree_after(read_series()[-1])
+    version = read_version()
+    meta = _walk(built, official, touched_files(), tree, 17)
+    assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
     assert verify_wheel(built, official, tree, version) == []
 
 
@@ -117,7 +123,6 @@ def test_two_builds_are_byte_identical(built: Path, tmp_path: Path):
 
 
 def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
-    # Independent of scripts/tpfix/verify.py, as for the default line above.
     line, built = line_build
     version = read_version(line.version_file)
     names = read_series(line.series)
@@ -125,23 +130,12 @@ def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
     assert built.name == official.name.replace(official.name.split("-")[1], version)
     touched = touched_files(names, line.patches)
     tree = cached_tree(None, line.tag, line.series, line.patches)
-    with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
-        bnames = {n for n in b.namelist() if ".dist-info/" not in n}
-        onames = {n for n in o.namelist() if ".dist-info/" not in n}
-        assert bnames - onames <= touched and onames <= bnames
-        binaries = [n for n in onames if n.endswith(".so")]
-        assert len(binaries) >= 10  # v0.33.0: 13 (Rust frontend and kernels)
-        for n in binaries:
-            assert b.read(n) == o.read(n), n
-        differing = {n for n in onames if b.read(n) != o.read(n)}
-        assert differing <= touched | {"vllm/_version.py"}
-        for n in bnames & touched:
-            assert b.read(n) == (tree / n).read_bytes(), n
-        public = version.split("+")[0]
-        ours = b.read(f"vllm-{version}.dist-info/METADATA").decode()
+    ours = _walk(built, official, touched, tree, 10)  # v0.33.0: 13 (Rust frontend, kernels)
+    public = version.split("+")[0]
+    with zipfile.ZipFile(official) as o:
         theirs = o.read(f"vllm-{public}.dist-info/METADATA").decode()
-        # this line re-pins nothing: the metadata differs in the version only
-        assert ours == theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
+    # this line re-pins nothing: the metadata differs in the version only
+    assert ours == theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
     assert verify_wheel(built, official, tree, version, names, line.patches) == []
     assert (built.parent / "SHA256SUMS").read_text() == f"{_sha(built)}  {built.name}\n"
 

@@ -32,8 +32,9 @@ import pytest
 import standin_image
 
 from tpfix import image
-from tpfix.common import ROOT, TAG, Fail, cache_dir, host_arch, read_series, read_version
+from tpfix.common import ROOT, TAG, Fail, cache_dir, host_arch, read_version
 from tpfix.fetch import fetch_wheel
+from tpfix.patchfile import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files
 

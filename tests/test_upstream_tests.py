@@ -20,13 +20,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tpfix.common import PATCHES, read_series
-from tpfix.replay.harness import scenario_env, tree_after, tree_before
+from tpfix.common import PATCHES
+from tpfix.patchfile import read_series
+from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
 
 # runs vLLM's own test files in each tree, with and without each patch
 pytestmark = pytest.mark.slow
@@ -60,25 +60,7 @@ CASES = [(n, _changed_tests(n)) for n in read_series() if _changed_tests(n)]
 
 
 def _pytest(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tpfix.replay.vllm_cpu_stubs",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-            "-q",
-            *files,
-        ],
-        cwd=tree,
-        env=scenario_env(tree),
-        text=True,
-        capture_output=True,
-        timeout=900,
-    )
+    return run_vllm_tests(tree, files, "-rA", "-q")
 
 
 def _outcomes(out: str) -> dict[str, set[str]]:

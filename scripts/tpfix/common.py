@@ -174,14 +174,6 @@ def wheel_pin(arch: str, tag: str = TAG) -> Artifact:
     raise Fail(f"{tag_pins(tag)}: no official wheel pinned for arch {arch!r}")
 
 
-def read_series(series: Path = SERIES) -> list[str]:
-    """The patch names of `series`: tpfix.patchfile.read_series (the series
-    reader lives with the patch-file parser; this name stays for callers)."""
-    from tpfix.patchfile import read_series as read
-
-    return read(series)
-
-
 def shown(path: Path) -> str:
     """`path` as messages name it: relative to the repository when inside it."""
     try:

@@ -39,12 +39,12 @@ from tpfix.common import (
     host_arch,
     line_names,
     main_wrapper,
-    read_series,
     read_version,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.package import publish
 from tpfix.patch import prepare_tree
+from tpfix.patchfile import read_series
 from tpfix.verify import verify_wheel
 from tpfix.worklock import dist_lock, workdir_lock
 

@@ -24,7 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from tpfix.common import read_series
+    from tpfix.patchfile import read_series
     from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
     trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}

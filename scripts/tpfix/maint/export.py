@@ -299,27 +299,9 @@ def pytest_outcome(stdout: str) -> dict:
 
 
 def run_pytest(tree: Path, files: list[str]) -> dict:
-    from tpfix.replay.harness import scenario_env
+    from tpfix.replay.harness import run_vllm_tests
 
-    cmd = [
-        "-m",
-        "pytest",
-        "-p",
-        "tpfix.replay.vllm_cpu_stubs",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-rfEs",
-        *files,
-    ]
-    proc = subprocess.run(
-        [sys.executable, *cmd],
-        cwd=tree,
-        env=scenario_env(tree),
-        text=True,
-        capture_output=True,
-        timeout=900,
-    )
+    proc = run_vllm_tests(tree, files, "-q", "-rfEs")
     res = pytest_outcome(proc.stdout)
     res["rc"] = proc.returncode
     if not res["summary"]:

@@ -196,3 +196,19 @@ def run_check(tree: Path, check: Check) -> dict:
 def _short(result: dict, limit: int = 20000) -> dict:
     text = json.dumps(result, default=str)
     return result if len(text) <= limit else {"summary": text[:limit] + "..."}
+
+
+def run_vllm_tests(
+    tree: Path, files: list[str], *args: str, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """Pytest on vLLM's own test `files` of `tree`, on CPU: the compiled
+    torch.ops._C ops are stood in by vllm_cpu_stubs (a pytest plugin)."""
+    cmd = ["-m", "pytest", "-p", "tpfix.replay.vllm_cpu_stubs", "-p", "no:cacheprovider"]
+    return subprocess.run(
+        [sys.executable, *cmd, *args, *files],
+        cwd=tree,
+        env=scenario_env(tree),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
