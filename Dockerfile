@@ -1,14 +1,18 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # The official vLLM image with the patched wheel of this distribution in place
 # of vLLM's own, and nothing else changed (same entrypoint, environment, user,
 # working directory; same Python environment except what the series re-pins).
 #
-# Build it with  ./build.sh --image  (or scripts/tpfix/image.py once dist/ holds the
-# wheel): scripts/tpfix/image.py stages the build context, build/image/context/:
+# Build it with  ./build.sh --image  (or python -m tpfix.image once dist/ holds the
+# wheel): scripts/tpfix/image.py stages the build context, .dist-image/context/ beside dist/:
 #   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced
 #   wheels/*.whl + wheels/SHA256SUMS  requirements the series re-pins (from pins/)
 #   image_inside.py                   the steps below (scripts/tpfix/image_inside.py)
 # and passes the labels' values.  See README.md, "Container image".
-ARG BASE_IMAGE=vllm/vllm-openai:v0.27.1
+# No defaults for the base and the tag: python -m tpfix.image passes the line's
+# (vllm/vllm-openai:<tag>), so that VERSION stays the one place naming a tag.
+ARG BASE_IMAGE
 
 # Builder: pip install --no-deps our wheel (and the re-pins) over the base, as a
 # user would, then keep only the files whose bytes differ from the base's and
@@ -32,7 +36,7 @@ ARG PYTHON=python3
 ARG VERSION=""
 ARG REVISION=unknown
 ARG SOURCE=""
-ARG UPSTREAM_TAG=v0.27.1
+ARG UPSTREAM_TAG
 ARG SERIES=""
 ARG SERIES_SHA256=""
 ARG WHEEL_SHA256=""

@@ -36,6 +36,12 @@ def made(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "VERSION", copy / "VERSION")
     shutil.rmtree(copy / "lines" / TAG)
+    # as on the day of a release: the FlashInfer the new tag pins has no pin yet
+    fi = copy / "pins" / "flashinfer.toml"
+    text = fi.read_text()
+    start = text.index('[[artifact]]\nproject = "flashinfer-python"\nversion = "0.7.2.post1"')
+    fi.write_text(text[:start])
+    assert "0.7.2.post1" not in fi.read_text()
     proc = _newline(copy, TAG, "--from", "v0.27.1")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return copy, proc
@@ -55,10 +61,14 @@ def _newline(copy: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_pins_equal_the_committed_ones(made):
     copy, _ = made
-    committed = get_line(TAG).pins
-    ours = copy / "lines" / TAG / "pins.toml"
-    assert sorted(load_pins(ours), key=str) == sorted(load_pins(committed), key=str)
-    assert tomllib.loads(ours.read_text())["cuda"] == get_line(TAG).official_cuda()
+    committed = load_pins(get_line(TAG).pins)
+    ours = load_pins(copy / "lines" / TAG / "pins.toml")
+    assert sorted((a for a in ours if a.role != "test"), key=str) == sorted(committed, key=str)
+    # the FlashInfer the scenario checks import, pinned from the downloaded file
+    fi = [a for a in load_pins(ROOT / "pins" / "flashinfer.toml") if a.version == "0.7.2.post1"]
+    assert [a for a in ours if a.role == "test"] == fi
+    text = (copy / "lines" / TAG / "pins.toml").read_text()
+    assert tomllib.loads(text)["cuda"] == get_line(TAG).official_cuda()
 
 
 def test_classification_equals_the_committed_one(made):
@@ -75,6 +85,8 @@ def test_classification_equals_the_committed_one(made):
         assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name
         assert (folder / name).exists() == (name in carried), name
     assert "to port by hand" in proc.stdout
+    # the absorbed verdict of 0001 came from its scenario, run on a v0.33.0 tree
+    assert "check bug_c:import_flashinfer_all_reduce: v0.33.0 green (fixed)" in proc.stdout
 
 
 def test_an_existing_line_is_refused_and_kept(made):
@@ -84,3 +96,17 @@ def test_an_existing_line_is_refused_and_kept(made):
     assert proc.returncode == 2
     assert f"lines/{TAG} exists: the line is already there" in proc.stderr
     assert sorted(p.name for p in (copy / "lines" / TAG).iterdir()) == before
+
+
+def test_a_leftover_of_a_killed_run_and_the_default_line_are_refused(made, tmp_path):
+    copy, _ = made
+    leftover = copy / "lines" / "v0.33.1"
+    leftover.mkdir()
+    (leftover / "pins.toml").write_text("")
+    proc = _newline(copy, "v0.33.1")
+    assert proc.returncode == 2
+    assert "lines/v0.33.1 has no VERSION: it was left by an interrupted run" in proc.stderr
+    assert list(leftover.iterdir()) == [leftover / "pins.toml"]
+    proc = _newline(copy, "v0.27.1")
+    assert proc.returncode == 2
+    assert "v0.27.1 is the default line" in proc.stderr

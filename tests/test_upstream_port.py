@@ -261,7 +261,7 @@ def test_port_has_pins_and_carries_only_unabsorbed_fixes():
 
 
 def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
-    """Like scripts/tpfix/maint/series.py check, for upstream/v0.33.0 on pristine v0.33.0."""
+    """Like python -m tpfix.maint.series --line v0.33.0 check."""
     copy = tmp_path / "patches"
     shutil.copytree(PORT, copy)
     tree = prepare_tree(tmp_path / "vllm", upto="", tag=TAG)

@@ -137,14 +137,26 @@ def default_line() -> Line:
     return Line(VERSION_FILE, PINS / f"{TAG}.toml", PATCHES)
 
 
+def _tag_version(name: str) -> Version | None:
+    try:
+        return Version(name[1:]) if name.startswith("v") else None
+    except InvalidVersion:
+        return None
+
+
 def line_names() -> list[str]:
-    """Every release line, the default first, then lines/ by version."""
-    others = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists()]
-    return [TAG, *sorted((n for n in others if n != TAG), key=lambda n: Version(n[1:]))]
+    """Every release line, the default first, then lines/<tag>/ by version
+    (folders that are not named like a tag or hold no VERSION are not lines)."""
+    others = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and _tag_version(d.name)]
+    return [TAG, *sorted((n for n in others if n != TAG), key=_tag_version)]
 
 
 def get_line(name: str | None = None) -> Line:
-    """The release line `name` (a tag such as v0.33.0); None is the default."""
+    """The release line `name` (a tag such as v0.33.0); None is the default.
+
+    A line folder must hold VERSION (naming the folder's tag), pins.toml and
+    series; anything else is an error naming the file and the fix.
+    """
     if name is None or name == TAG:
         return default_line()
     folder = LINES / name
@@ -153,7 +165,16 @@ def get_line(name: str | None = None) -> Line:
             f"no release line {name!r} ({shown(folder)}/VERSION is missing); "
             f"lines: {', '.join(line_names())}"
         )
-    return Line(folder / "VERSION", folder / "pins.toml", folder)
+    line = Line(folder / "VERSION", folder / "pins.toml", folder)
+    if line.tag != name:
+        raise Fail(
+            f"{shown(line.version_file)}: names {line.tag}, not the folder's tag {name}; "
+            f"write {name[1:]}+{LABEL}.<n> there"
+        )
+    for need in (line.pins, line.series):
+        if not need.exists():
+            raise Fail(f"{shown(need)} is missing: a line folder holds VERSION, pins.toml, series")
+    return line
 
 
 def tag_pins(tag: str = TAG) -> Path:

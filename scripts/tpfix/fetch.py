@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from tpfix.common import (
+    LINES,
     PINS,
     TAG,
     Artifact,
@@ -146,60 +147,56 @@ ARCH_PLATFORMS = {"x86_64": "manylinux_2_28_x86_64", "aarch64": "manylinux_2_28_
 
 def pin_release(project: str, version: str) -> list[Artifact]:
     """Download the sdist and the official wheels of a release that has no pins
-    yet, with pip (the same arguments as `fetch`, without hashes), and return
-    their pins: sha256 and size of the downloaded files.  The files go into the
-    cache under those hashes.  The result is a proposal for a person to review
-    before it is committed: nothing checks it against an earlier pin.
+    yet, with pip (`fetch`'s arguments, without hashes), and return their pins:
+    sha256, size and platform of the downloaded files, which go into the cache
+    under those hashes.  A proposal for a person to review before commit.
     """
-    wanted = [Artifact(project, version, "sdist", "", 0, "")] + [
-        Artifact(project, version, "wheel", "", 0, "", arch, plat)
+    wanted = [Artifact(project, version, "sdist", "x.tar.gz", 0, "")] + [
+        Artifact(project, version, "wheel", "x.whl", 0, "", arch, plat)
         for arch, plat in ARCH_PLATFORMS.items()
     ]
+    return [_download_unpinned(want) for want in wanted]
+
+
+def pin_test_dep(project: str, version: str) -> Artifact:
+    """The pin of a pure-Python wheel the tests import (e.g. the FlashInfer a new
+    tag pins), from the downloaded file, as pin_release does."""
+    return _download_unpinned(Artifact(project, version, "test", "x.whl", 0, ""))
+
+
+def _download_unpinned(want: Artifact) -> Artifact:
     tmp_root = cache_dir() / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
-    pins = []
-    for want in wanted:
-        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
-            env = dict(os.environ)
-            if project == "vllm" and want.role == "sdist":
-                env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=version)
-            what = "sdist" if want.role == "sdist" else f"{want.arch} wheel"
-            print(f"pin: {project}=={version} {what} (pip download)", file=sys.stderr)
-            args = (
-                ["--no-binary", project, "--no-build-isolation"]
-                if want.role == "sdist"
-                else [
-                    "--only-binary",
-                    ":all:",
-                    "--platform",
-                    want.platform,
-                    "--python-version",
-                    "3.12",
-                ]
-            )
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps"]
-            cmd += ["--disable-pip-version-check", f"{project}=={version}", "-d", tmp, *args]
-            proc = run(cmd, env=env)
-            files = [f for f in Path(tmp).iterdir() if f.is_file()]
-            if proc.returncode != 0 or len(files) != 1:
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-                raise Fail(f"{project}=={version} {what}: pip download failed: {' '.join(tail)}")
-            got = files[0]
-            art = Artifact(
-                project,
-                version,
-                want.role,
-                got.name,
-                got.stat().st_size,
-                sha256_file(got),
-                want.arch,
-                want.platform,
-            )
-            dest = cached_path(art)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(got, dest)
-            pins.append(art)
-    return pins
+    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+        env = dict(os.environ)
+        if want.project == "vllm" and want.is_sdist:
+            env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=want.version)
+        what = f"{want.project}=={want.version} {want.arch or ''} {want.role}"
+        print(f"pin: {what} (pip download)", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+        cmd += [f"{want.project}=={want.version}", "-d", tmp, *_pip_args(want)]
+        proc = run(cmd, env=env)
+        files = [f for f in Path(tmp).iterdir() if f.is_file()]
+        if proc.returncode != 0 or len(files) != 1:
+            tail = " ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            raise Fail(f"{what}: pip download failed: {tail}")
+        got = files[0]
+        # the platform as the file names it (pip may pick a newer manylinux)
+        plat = got.name.removesuffix(".whl").split("-")[-1] if want.platform else None
+        art = Artifact(
+            want.project,
+            want.version,
+            want.role,
+            got.name,
+            got.stat().st_size,
+            sha256_file(got),
+            want.arch,
+            plat,
+        )
+        dest = cached_path(art)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got, dest)
+    return art
 
 
 def fetch_sdist(tag: str = TAG) -> Path:
@@ -210,10 +207,17 @@ def fetch_wheel(arch: str, tag: str = TAG) -> Path:
     return fetch(wheel_pin(arch, tag))
 
 
+def all_pin_files() -> list[Path]:
+    """pins/*.toml and every line's pins.toml."""
+    return sorted(PINS.glob("*.toml")) + sorted(LINES.glob("*/pins.toml"))
+
+
 def fetch_test_dep(project: str, version: str) -> Path:
-    for art in load_pins(PINS / "flashinfer.toml"):
-        if art.project == project and art.version == version:
-            return fetch(art)
+    """A test input (role "test") of pins/flashinfer.toml or of a line's pins."""
+    for pinfile in [PINS / "flashinfer.toml", *sorted(LINES.glob("*/pins.toml"))]:
+        for art in load_pins(pinfile):
+            if art.role == "test" and art.project == project and art.version == version:
+                return fetch(art, pinfile)
     raise Fail(f"{PINS / 'flashinfer.toml'}: no pin for {project}=={version}")
 
 
@@ -223,7 +227,7 @@ def main() -> None:
     ap.add_argument("--arch", default=host_arch())
     args = ap.parse_args()
     if args.all:
-        todo = [(a, p) for p in sorted(PINS.glob("*.toml")) for a in load_pins(p)]
+        todo = [(a, p) for p in all_pin_files() for a in load_pins(p)]
     else:
         todo = [(sdist_pin(), None), (wheel_pin(args.arch), None)]
     for art, pinfile in todo:

@@ -7,7 +7,7 @@
     python -m tpfix.image --measure             # + our layer vs a plain reinstall
     ./build.sh --image [same options]             # the wheel, then the image
 
-Stages the build context in build/image/context/ (the wheel and SHA256SUMS
+Stages the build context in .<dist>-image/context/ beside dist/ (the wheel and SHA256SUMS
 from dist/, hash-pinned wheels of the requirements the series re-pins, the
 in-build steps scripts/tpfix/image_inside.py), then builds the Dockerfile with
 docker (buildx) where an engine answers, otherwise daemonless with buildah or
@@ -34,8 +34,6 @@ from itertools import takewhile
 from pathlib import Path
 
 from tpfix.common import (
-    LINES,
-    PINS,
     ROOT,
     TAG,
     Fail,
@@ -62,7 +60,13 @@ def default_base(line: Line | None = None) -> str:
     return f"vllm/vllm-openai:{(line or get_line()).tag}"
 
 
-CONTEXT = ROOT / "build" / "image" / "context"
+def context_dir(dist: Path) -> Path:
+    """The build context of the image made from `dist`: beside it, like its
+    staging folder, so that the dist lock (worklock) covers it too."""
+    dist = dist.resolve()
+    return dist.parent / f".{dist.name}-image" / "context"
+
+
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -108,10 +112,10 @@ def repins(wheel: Path, official: Path) -> list[tuple[str, str]]:
 
 
 def pinned_wheel(project: str, version: str) -> Path:
-    from tpfix.fetch import fetch
+    from tpfix.fetch import all_pin_files, fetch
 
     norm = re.sub(r"[-_.]+", "-", project).lower()
-    for pinfile in sorted(PINS.glob("*.toml")) + sorted(LINES.glob("*/pins.toml")):
+    for pinfile in all_pin_files():
         for art in load_pins(pinfile):
             if (
                 re.sub(r"[-_.]+", "-", art.project).lower() == norm
@@ -121,7 +125,7 @@ def pinned_wheel(project: str, version: str) -> Path:
                 return fetch(art, pinfile)
     raise Fail(
         f"the series re-pins {project}=={version} but pins/ has no pure-Python wheel "
-        f"pinned for it; add one (filename, size, sha256) to a pins/*.toml"
+        f"pinned for it; add one (filename, size, sha256) to pins/*.toml or the line's pins.toml"
     )
 
 
@@ -337,12 +341,13 @@ def build_image(
     flashinfer_index: str = "",
     archive_dir: Path | None = ROOT / "dist" / "image",
     engine: str = "auto",
-    ctx: Path = CONTEXT,
+    ctx: Path | None = None,
     arch: str | None = None,
     line: Line | None = None,
 ) -> Built:
     line = line or get_line()
     base = base or default_base(line)
+    ctx = ctx or context_dir(dist)
     eng = detect_engine(engine)
     tag = tag or default_tag(read_version(line.version_file))
     _step(f"image: stage the build context in {ctx}")
@@ -350,9 +355,7 @@ def build_image(
     args.update(BASE_IMAGE=base, FLASHINFER_INDEX_URL=flashinfer_index)
     _step(f"image: build {tag} on {base} ({eng.name})")
     t0 = time.monotonic()
-    out = run_build(
-        eng, build_cmd(eng, DOCKERFILE, ctx, tag, args), ROOT / "build" / "logs" / "image.log"
-    )
+    out = run_build(eng, build_cmd(eng, DOCKERFILE, ctx, tag, args), ctx.parent / "image.log")
     seconds = time.monotonic() - t0
     for line in out.splitlines():
         if line.startswith("image: "):
@@ -389,7 +392,8 @@ def measure(built: Built, base: str) -> dict[str, int]:
             ref = f"{built.ref}-plain{compile_.replace('--', '-')}"
             _step(f"measure: plain pip install {compile_} ({ref})")
             run_build(
-                eng, build_cmd(eng, plain, CONTEXT, ref, {"BASE_IMAGE": base, "COMPILE": compile_})
+                eng,
+                build_cmd(eng, plain, built.ctx, ref, {"BASE_IMAGE": base, "COMPILE": compile_}),
             )
             sizes[f"plain {compile_}"] = inspect(eng, ref)["layers"][-1]
     sizes["layers added"] = ours_layers - base_layers

@@ -10,7 +10,7 @@ applied, so a tree is either pristine+series or absent, never half-patched.
     python -m tpfix.patch DEST              # pristine + whole series
     python -m tpfix.patch DEST --upto NAME  # ... up to and including NAME
     python -m tpfix.patch DEST --upto ''    # pristine only
-    python -m tpfix.patch DEST --tag v0.33.0 --series upstream/v0.33.0/series
+    python -m tpfix.patch DEST --line v0.33.0   # another release line (lines/v0.33.0/)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from tpfix.common import (
     Fail,
     cache_dir,
     cache_lock,
+    get_line,
     main_wrapper,
     sdist_pin,
 )
@@ -130,18 +131,12 @@ def main() -> None:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--upto", default=None, help="last patch to apply ('' = none)")
     ap.add_argument("--keep-quilt-state", action="store_true", help="keep .pc/")
-    ap.add_argument("--tag", default=TAG, help=f"upstream tag, pins/TAG.toml (default {TAG})")
-    ap.add_argument(
-        "--series",
-        type=Path,
-        default=SERIES,
-        help="series file; its patches are in its folder (default patches/series)",
-    )
+    ap.add_argument("--line", help="release line: its tag and series (default: VERSION's)")
     args = ap.parse_args()
-    series = args.series.resolve()
+    line = get_line(args.line)
     print(
         prepare_tree(
-            args.dest, args.upto, series, series.parent, args.keep_quilt_state, tag=args.tag
+            args.dest, args.upto, line.series, line.patches, args.keep_quilt_state, tag=line.tag
         )
     )
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.common import (
+    LABEL,
     ROOT,
     Fail,
     Line,
@@ -40,6 +41,7 @@ from tpfix.common import (
     line_names,
     main_wrapper,
     read_version,
+    shown,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.package import publish
@@ -70,13 +72,8 @@ def build_locks(workdir: Path, dist: Path):
         yield
 
 
-def run_pipeline(arch: str, dist: Path, workdir: Path, line: Line | None = None) -> Path:
-    """The whole build, holding its folders (build_locks) from start to end."""
-    with build_locks(workdir, dist):
-        return _run_locked(arch, dist, workdir, line or get_line())
-
-
 def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
+    """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
     version = read_version(line.version_file)
     tag = line.tag
     workdir.mkdir(parents=True, exist_ok=True)
@@ -90,6 +87,11 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
     sdist = fetch_sdist(tag)
     official = fetch_wheel(arch, tag)
     names = read_series(line.series)
+    if version.split("+")[1] != f"{LABEL}.{len(names)}":
+        raise Fail(
+            f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
+            f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
+        )
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:

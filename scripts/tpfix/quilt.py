@@ -96,7 +96,7 @@ class Quilt:
                 file = _file_of(out, m.start())
                 raise Fail(
                     f"{shown(self.patches / name)}: applies only with an offset/fuzz in {file} "
-                    f"({m.group(0).strip()}); refresh it: scripts/tpfix/maint/series.py refresh"
+                    f"({m.group(0).strip()}); refresh it: python -m tpfix.maint.series refresh"
                 )
 
     def refresh(self, what: str | None = None) -> None:
@@ -119,9 +119,9 @@ def _explain(patch: Path, out: str, tag: str) -> str:
     files = re.findall(r"^patching file (\S+)", out, re.M)
     missing = re.findall(r"can't find file to patch.*|No file to patch.*", out)
     where = files[-1] if files else "?"
-    detail = "; ".join(failed[:3] + missing[:1]) or out.strip().splitlines()[-1:]
+    detail = "; ".join(failed[:3] + missing[:1]) or "".join(out.strip().splitlines()[-1:])
     return (
         f"{shown(patch)} does not apply to {tag} (file {where}): {detail}. "
-        "Nothing was left half-patched. Rebase it: scripts/tpfix/maint/series.py push, fix, "
+        "Nothing was left half-patched. Rebase it: python -m tpfix.maint.series push, fix, "
         "refresh"
     )

@@ -21,23 +21,26 @@ For a tag with no line yet it writes lines/TAG/:
   VERSION      <TAG>+tpfix.<number of carried patches>
   rebase.json  the classification it was made from: {patch: status}
 
-Nothing is written when the line already exists, or when a step fails (the
-folder is assembled beside lines/ and renamed into place).
+Nothing is left when the line already exists or a step fails (the folder is
+removed again, also on SIGTERM); VERSION is written last, so a folder without
+it (after kill -9) is not a line and the next run says to remove it.  When
+TAG pins a FlashInfer that has no pin yet, its wheel is pinned in pins.toml
+too (role "test"): the scenario checks import it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import tempfile
+import signal
+import tarfile
 import zipfile
 from pathlib import Path
 
 from tpfix.common import LABEL, LINES, Fail, Line, get_line, line_names, main_wrapper, shown
-from tpfix.fetch import pin_release
+from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
 
 
@@ -74,55 +77,80 @@ def wheel_cuda(wheel: Path, fallback: str) -> str:
     return fallback
 
 
+def _flashinfer_pin(sdist: Path) -> tuple[str, str] | None:
+    """("flashinfer-python", version) that the sdist's requirements/cuda.txt pins."""
+    with tarfile.open(sdist) as tar:
+        member = next(
+            (m for m in tar.getmembers() if m.name.endswith("/requirements/cuda.txt")), None
+        )
+        if member is None:
+            return None
+        text = tar.extractfile(member).read().decode()
+    m = re.search(r"^flashinfer-python==(\S+)", text, re.M)
+    return ("flashinfer-python", m.group(1)) if m else None
+
+
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
     """Write lines/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
         raise Fail(f"{tag!r} is not a release tag like v0.34.0")
+    if tag == get_line().tag:
+        raise Fail(f"{tag} is the default line (VERSION, patches/): it has no lines/ folder")
     dest = LINES / tag
-    if dest.exists() or tag in line_names():
+    if (dest / "VERSION").exists():
         raise Fail(f"{shown(dest)} exists: the line is already there")
+    if dest.exists():
+        raise Fail(
+            f"{shown(dest)} has no VERSION: it was left by an interrupted run; "
+            f"remove it (rm -r {shown(dest)}) and run again"
+        )
     LINES.mkdir(exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{tag}.", dir=LINES))
+    dest.mkdir()
     try:
+        # pins.toml first: rebase fetches TAG through it (a folder without
+        # VERSION is not a line yet, so nothing builds from it meanwhile)
         arts = pin_release("vllm", tag[1:])
-        from tpfix.fetch import cached_path
-
+        sdist = cached_path(next(a for a in arts if a.role == "sdist"))
         wheel = next(a for a in arts if a.arch == "x86_64")
         cuda = wheel_cuda(cached_path(wheel), source.official_cuda())
-        (tmp / "pins.toml").write_text(_toml_pins(tag, arts, cuda))
-        # rebase looks the pins up as lines/TAG/pins.toml: expose them while it runs
-        os.replace(tmp, dest)
-        try:
-            report = rebase(
-                tag,
-                dest / ".rebase",
-                series=source.series,
-                patches=source.patches,
-                checks=None if checks else {},
-                from_tag=source.tag,
-            )
-        except BaseException:
-            os.replace(dest, tmp)
-            raise
-        os.replace(dest, tmp)
+        fi = _flashinfer_pin(sdist)
+        if fi is not None:
+            try:
+                fetch_test_dep(*fi)  # pinned already (pins/flashinfer.toml, a line)
+            except Fail:
+                arts.append(pin_test_dep(*fi))  # the scenario checks need it
+        (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda))
+        report = rebase(
+            tag,
+            dest / ".rebase",
+            series=source.series,
+            patches=source.patches,
+            checks=None if checks else {},
+            from_tag=source.tag,
+        )
         carried = report["carried"]
         for name in [*carried, "series"]:
-            shutil.copyfile(tmp / ".rebase" / "patches" / name, tmp / name)
-        if (tmp / ".rebase" / "conflicts").exists():
-            shutil.copytree(tmp / ".rebase" / "conflicts", tmp / "conflicts")
-        shutil.rmtree(tmp / ".rebase")
+            shutil.copyfile(dest / ".rebase" / "patches" / name, dest / name)
+        if (dest / ".rebase" / "conflicts").exists():
+            shutil.copytree(dest / ".rebase" / "conflicts", dest / "conflicts")
+        shutil.rmtree(dest / ".rebase")
         summary = {
             "from": source.tag,
             "to": tag,
             "checks": checks,
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
-        (tmp / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (tmp / "VERSION").write_text(f"{tag[1:]}+{LABEL}.{len(carried)}\n")
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
+        # VERSION last: it makes the folder a line
+        (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.{len(carried)}\n")
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
     return dest, report
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -139,6 +167,7 @@ def main() -> None:
     )
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     dest, report = new_line(args.tag, get_line(args.source), not args.no_checks)
     print(format_table(report))
     left = [r["name"] for r in report["patches"] if r["status"] == "conflicts"]

@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Maintainer workflow for the quilt series in patches/.
+"""Maintainer workflow for the quilt series of a release line.
 
-    scripts/tpfix/maint/series.py setup            # build/dev/vllm: pristine tree bound to patches/
-    scripts/tpfix/maint/series.py push [NAME|-a]   # apply the next patch / up to NAME / all
-    scripts/tpfix/maint/series.py pop [-a]         # unapply
-    scripts/tpfix/maint/series.py new NAME.patch   # start a patch after the current top
-    scripts/tpfix/maint/series.py add FILE...      # record files before editing them
-    scripts/tpfix/maint/series.py refresh          # write the top patch back (canonical format)
-    scripts/tpfix/maint/series.py check            # series applies exactly; refresh is a no-op
-    scripts/tpfix/maint/series.py quilt ARGS...    # any other quilt command, same settings
+    python -m tpfix.maint.series setup            # build/dev/vllm: pristine tree bound to patches/
+    python -m tpfix.maint.series push [NAME|-a]   # apply the next patch / up to NAME / all
+    python -m tpfix.maint.series pop [-a]         # unapply
+    python -m tpfix.maint.series new NAME.patch   # start a patch after the current top
+    python -m tpfix.maint.series add FILE...      # record files before editing them
+    python -m tpfix.maint.series refresh          # write the top patch back (canonical format)
+    python -m tpfix.maint.series check            # series applies exactly; refresh is a no-op
+    python -m tpfix.maint.series quilt ARGS...    # any other quilt command, same settings
+    python -m tpfix.maint.series --line v0.33.0 setup   # the same for another line
 
-All commands run quilt in build/dev/vllm with QUILT_PATCHES=patches/, so a
-refresh edits the files in this repository: review them with git diff.  quilt
+All commands run quilt in build/dev/vllm (build/dev/<tag> for another line)
+with QUILT_PATCHES=patches/ (lines/<tag>/), so a refresh edits the files in
+this repository: review them with git diff.  quilt
 runs through tpfix.quilt: every push is exact (--fuzz=0) and every refresh
 uses the same canonical options (quilt.REFRESH_ARGS), which is what makes
 `check` able to demand byte-for-byte reproduction; patch headers (the text
@@ -28,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.common import PATCHES, ROOT, SERIES, Fail, main_wrapper, run
+from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, Line, get_line, main_wrapper, run, shown
 from tpfix.patch import prepare_tree
 from tpfix.patchfile import read_series
 from tpfix.quilt import Quilt, require
@@ -36,39 +38,55 @@ from tpfix.quilt import Quilt, require
 DEV = ROOT / "build" / "dev" / "vllm"
 
 
-def quilt(*args: str, tree: Path = DEV, patches: Path = PATCHES, series: Path = SERIES) -> int:
-    """Run `quilt ARGS` in `tree` on the terminal: push exact, refresh canonical."""
+def dev_tree(line: Line) -> Path:
+    return DEV if line.is_default else DEV.parent / line.tag
+
+
+def _cmd(line: Line, what: str) -> str:
+    return (
+        "python -m tpfix.maint.series " + ("" if line.is_default else f"--line {line.tag} ") + what
+    )
+
+
+def quilt(*args: str, line: Line | None = None) -> int:
+    """Run `quilt ARGS` in the line's dev tree on the terminal: push exact, refresh canonical."""
     require()
+    line = line or get_line()
+    tree = dev_tree(line)
     if not tree.exists():
-        raise Fail(f"{tree} does not exist; run: scripts/tpfix/maint/series.py setup")
-    return Quilt(tree, patches, series).interactive(*args)
+        raise Fail(f"{tree} does not exist; run: {_cmd(line, 'setup')}")
+    return Quilt(tree, line.patches, line.series).interactive(*args)
 
 
-def setup() -> None:
-    if DEV.exists():
-        raise Fail(f"{DEV} exists; remove it first (rm -rf {DEV})")
-    prepare_tree(DEV, upto="", keep_quilt_state=True)
-    print(f"{DEV}: pristine; `scripts/tpfix/maint/series.py push -a` applies the series")
+def setup(line: Line | None = None) -> None:
+    line = line or get_line()
+    tree = dev_tree(line)
+    if tree.exists():
+        raise Fail(f"{tree} exists; remove it first (rm -rf {tree})")
+    prepare_tree(tree, "", line.series, line.patches, keep_quilt_state=True, tag=line.tag)
+    print(f"{tree}: pristine {line.tag}; `{_cmd(line, 'push -a')}` applies the series")
 
 
-def check(patches: Path = PATCHES, series: Path = SERIES) -> None:
-    """Each patch applies exactly in order, and refreshing it changes no byte."""
+def check(patches: Path = PATCHES, series: Path = SERIES, tag: str = TAG) -> None:
+    """Each patch applies exactly to pristine `tag` in order, and refreshing
+    it changes no byte."""
     names = read_series(series)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "patches"
         shutil.copytree(patches, copy)
-        tree = prepare_tree(Path(tmp) / "vllm", upto="")
+        tree = prepare_tree(Path(tmp) / "vllm", "", series, patches, tag=tag)
         q = Quilt(tree, copy, copy / series.name)
         for name in names:
             q.push_exact(name)
-            q.refresh(f"patches/{name}")
+            q.refresh(shown(patches / name))
             if not filecmp.cmp(patches / name, copy / name, shallow=False):
                 diff = run(["diff", "-u", str(patches / name), str(copy / name)])
                 raise Fail(
-                    f"patches/{name}: `quilt refresh` does not reproduce it byte for "
-                    f"byte; run scripts/tpfix/maint/series.py refresh on it:\n{diff.stdout[-3000:]}"
+                    f"{shown(patches / name)}: `quilt refresh` does not reproduce it byte "
+                    f"for byte; refresh it (python -m tpfix.maint.series refresh):\n"
+                    f"{diff.stdout[-3000:]}"
                 )
-    print(f"{len(names)} patches apply exactly and refresh to themselves")
+    print(f"{len(names)} patches apply exactly to {tag} and refresh to themselves")
 
 
 def main() -> None:
@@ -92,13 +110,15 @@ def main() -> None:
         ],
     )
     ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("--line", help="release line (default: VERSION's, patches/)")
     a = ap.parse_args()
+    line = get_line(a.line)
     if a.command == "setup":
-        return setup()
+        return setup(line)
     if a.command == "check":
-        return check()
+        return check(line.patches, line.series, line.tag)
     args = a.args if a.command == "quilt" else [a.command, *a.args]
-    sys.exit(quilt(*args))
+    sys.exit(quilt(*args, line=line))
 
 
 if __name__ == "__main__":

@@ -56,10 +56,6 @@ def tree_before(patch: str) -> Path:
     return cached_tree(upto=names[i - 1] if i else "")
 
 
-def pristine_tree() -> Path:
-    return cached_tree(upto="")
-
-
 def pinned_flashinfer(tree: Path) -> str:
     text = (tree / "requirements" / "cuda.txt").read_text()
     m = re.search(r"^flashinfer-python==(\S+)", text, re.M)
