@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""pytest set-up: make scripts/tpfix/replay/harness.py and scripts/ importable, and share one
-real ./build.sh run between the tests that need a built wheel."""
+"""pytest set-up: share one real ./build.sh run per release line between the
+tests that need a built wheel (tpfix itself is installed in build/venv)."""
 
 import subprocess
 from pathlib import Path

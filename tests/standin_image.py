@@ -28,8 +28,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tpfix.common import cache_dir, host_arch
+from tpfix.common import TAG, cache_dir, get_line, host_arch
 from tpfix.fetch import fetch_test_dep, fetch_wheel
+from tpfix.patch import cached_tree
+from tpfix.replay.harness import pinned_flashinfer
 
 SUITE = "bookworm"
 PACKAGES = ["python3", "python3-pip"]
@@ -123,17 +125,17 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-# vllm/vllm-openai of the other lines: v0.33.0's image fetches FlashInfer's
-# kernels with `flashinfer download-kernels` (docker/Dockerfile) instead of
-# installing flashinfer-cubin / flashinfer-jit-cache, so its stand-in holds
-# flashinfer-python only, at the release v0.33.0 pins.
-LINE_FLASHINFER = {"v0.33.0": "0.7.2.post1"}
-
-
 def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
-    if tag is not None and tag in LINE_FLASHINFER:
-        official = fetch_wheel(host_arch(), tag)
-        return [official, fetch_test_dep("flashinfer-python", LINE_FLASHINFER[tag])]
+    if tag is not None and tag != TAG:
+        # vllm/vllm-openai of the newer lines (v0.33.0): the image fetches
+        # FlashInfer's kernels with `flashinfer download-kernels` (its
+        # docker/Dockerfile) instead of installing flashinfer-cubin /
+        # flashinfer-jit-cache, so the stand-in holds flashinfer-python only,
+        # at the release the tag's requirements/cuda.txt pins.
+        line = get_line(tag)
+        pristine = cached_tree("", line.tag, line.series, line.patches)
+        fi = fetch_test_dep("flashinfer-python", pinned_flashinfer(pristine))
+        return [fetch_wheel(host_arch(), tag), fi]
     official = fetch_wheel(host_arch())
     fi = fetch_test_dep("flashinfer-python", FI_OLD)
     made = [

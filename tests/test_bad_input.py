@@ -29,7 +29,7 @@ FAKE_SHA = "0" * 64
 def repo(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     copy.mkdir()
-    for part in ("scripts", "pins", "patches", "ci"):
+    for part in ("scripts", "pins", "patches", "lines", "ci"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("VERSION", "build.sh"):
         shutil.copy2(ROOT / f, copy / f)
@@ -151,6 +151,36 @@ def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
     assert proc.returncode == 2
     assert "`quilt` not found on PATH; install it (Debian: apt-get install quilt)" in proc.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
+    cache, dist = tmp_path / "cache", tmp_path / "dist"
+
+    def build(*args: str):
+        return _run(repo, "-m", "tpfix.pipeline", "--dist", str(dist), *args, cache=cache)
+
+    proc = build("--line", "v9.9.9")
+    assert proc.returncode == 2 and "invalid choice: 'v9.9.9'" in proc.stderr
+    # a line folder whose VERSION names another tag (a copy started by hand)
+    bad = repo / "lines" / "v0.40.0"
+    shutil.copytree(repo / "lines" / "v0.33.0", bad)
+    proc = build("--line", "v0.40.0")
+    assert proc.returncode == 2
+    assert "lines/v0.40.0/VERSION: names v0.33.0, not the folder's tag v0.40.0" in proc.stderr
+    (bad / "VERSION").write_text("0.40.0+tpfix.2\n")
+    (bad / "pins.toml").unlink()
+    proc = build("--line", "v0.40.0")
+    assert proc.returncode == 2
+    assert "lines/v0.40.0/pins.toml is missing: a line folder holds" in proc.stderr
+    # VERSION's patch level must count the series
+    n = len(read_series(repo / "patches" / "series"))
+    (repo / "VERSION").write_text(f"0.27.1+tpfix.{n + 2}\n")
+    proc = build()
+    assert proc.returncode == 2
+    assert f"VERSION: 0.27.1+tpfix.{n + 2}, but patches/series has {n} patches" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not dist.exists() or not any(dist.iterdir())
+    assert not any(cache.glob("sha256/*/*")), "nothing is downloaded for a wrong line"
 
 
 @pytest.mark.parametrize(

@@ -338,7 +338,11 @@ def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
     ours, theirs = image.inspect(eng, built.ref)["layers"], image.inspect(eng, base)["layers"]
     assert ours[:-1] == theirs and ours[-1] < 5_000_000
     labels = image.inspect(eng, built.ref)["config"].get("Labels") or {}
-    assert any(v == line.tag for v in labels.values()), labels
+    names, digest = image.series_info(line)
+    assert labels["tpfix.upstream.tag"] == line.tag
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["tpfix.series"] == " ".join(names) and names
+    assert labels["tpfix.series.sha256"] == digest
     with tarfile.open(built.archive) as arc:
         manifest = json.load(arc.extractfile("manifest.json"))
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:

@@ -195,8 +195,11 @@ def test_an_offset_is_a_failure_naming_the_patch_and_file(tmp_path: Path):
     q = _quilt(tmp_path, "new 1\nnew 2\n" + LINES)
     with pytest.raises(Fail, match=r"0001-x.patch: applies only with an offset/fuzz in m.py"):
         q.push_exact("0001-x.patch")
-    out = q("push", "--fuzz=0", "0001-x.patch")  # the generic call: quilt as given
-    assert offsets(out.stdout + out.stderr) == []  # already applied above, nothing moved now
+    # the generic call is quilt as given: it pushes with the offset, which offsets() finds
+    assert q("pop").returncode == 0
+    out = q("push", "--fuzz=0", "0001-x.patch")
+    found = offsets(out.stdout + out.stderr)
+    assert len(found) == 1 and "offset 2 lines" in found[0], out.stdout
 
 
 @needs_quilt

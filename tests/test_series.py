@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -35,8 +36,10 @@ def test_series_is_not_empty_and_every_patch_is_listed():
     assert on_disk == sorted(SERIES), "a patch file is not in series, or vice versa"
 
 
-def test_series_applies_exactly_and_refresh_reproduces_each_patch():
-    check()  # raises Fail naming the patch otherwise
+@pytest.mark.parametrize("name", line_names())
+def test_series_applies_exactly_and_refresh_reproduces_each_patch(name: str):
+    line = get_line(name)
+    check(line.patches, line.series, line.tag)  # raises Fail naming the patch otherwise
 
 
 # Every header, of the default line (patches/) and of the other lines (lines/TAG/).
@@ -117,6 +120,7 @@ def test_every_line_is_one_folder_with_pins_for_both_arches():
             "aarch64",
         }
         assert line.official_cuda().startswith(("12.", "13."))
+        assert tomllib.loads(line.pins.read_text())["tag"] == line.tag, line.pins
 
 
 def test_patched_python_is_ruff_clean_with_vllms_config():

@@ -5,7 +5,7 @@
 * scripts/tpfix/maint/rebase.py classifies every patch of patches/series on v0.33.0 (the
   report is produced here, as in CI, and each class is asserted), and its
   classification machinery is checked on small synthetic trees;
-* upstream/v0.33.0/ (the forward-ported series, pins/v0.33.0.toml) applies
+* lines/v0.33.0/ (the forward-ported series of the v0.33.0 line, its pins.toml) applies
   exactly to pristine v0.33.0 and refreshes to itself;
 * each port is red without / green with it on v0.33.0: its scenario (the
   functions tests/test_bug_*.py use, run on v0.33.0 trees with FlashInfer

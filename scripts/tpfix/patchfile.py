@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Patch files and series files of a quilt series: the one parser and writer.
 
-A patch file (patches/NNNN-*.patch, upstream/TAG/NNNN-*.patch) is a header
+A patch file (patches/NNNN-*.patch, lines/TAG/NNNN-*.patch) is a header
 followed by a -p1 unified diff (a/ and b/ prefixes, as quilt refreshes it
 with quilt.REFRESH_ARGS).  The header is everything above the first file
 diff; quilt keeps it on refresh.  It is in git format-patch style, with the

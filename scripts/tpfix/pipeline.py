@@ -76,6 +76,12 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
     """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
     version = read_version(line.version_file)
     tag = line.tag
+    names = read_series(line.series)
+    if version.split("+")[1] != f"{LABEL}.{len(names)}":
+        raise Fail(
+            f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
+            f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
@@ -86,12 +92,6 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
     _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
     sdist = fetch_sdist(tag)
     official = fetch_wheel(arch, tag)
-    names = read_series(line.series)
-    if version.split("+")[1] != f"{LABEL}.{len(names)}":
-        raise Fail(
-            f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
-            f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
-        )
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:

@@ -111,40 +111,6 @@ CONFIGS = [
 ]
 
 
-def min_need(c: dict, budget: int | None) -> int:
-    """Least bytes per rank FlashInfer needs for every admitted shape."""
-    import torch
-
-    import tpfix.replay.bug_a as bug_a
-
-    if budget is None:
-        return 0
-    widths = [c["target_hidden"]] + ([c["draft_hidden"]] if c["draft_hidden"] else [])
-    dtype, tp = torch.bfloat16, c["tp"]
-    widest = max(widths)
-    # token limit the budget admits for the widest model (shared workspace)
-    limit = min(budget // (widest * 2), c["max_num_batched_tokens"])
-    if limit < 1:
-        return 0
-    if c["backend"] == "trtllm":
-        m = bug_a.trtllm_sizes(tp, limit, widest, dtype)
-        r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
-        return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
-    from flashinfer.comm.trtllm_mnnvl_ar import (
-        MNNVLAllreduceFusionStrategy,
-        MNNVLAllReduceFusionWorkspace,
-    )
-
-    need = max(
-        MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
-            tp, n, h, dtype, MNNVLAllreduceFusionStrategy.AUTO
-        )
-        for h in widths
-        for n in range(1, limit + 1)
-    )
-    return need // 16 * 16 * MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree-before", type=Path, help="vLLM tree without 0002")
@@ -163,10 +129,17 @@ def main() -> int:
             print(f"{k}: {r['error']}: {r['message']}\n{r.get('stderr', '')}")
             return 1
 
-    # min_need uses FlashInfer's own sizing; import it the way the trees do
-    from tpfix.replay.harness import flashinfer_site, pinned_flashinfer
-
-    sys.path.insert(0, str(flashinfer_site(pinned_flashinfer(trees["after"]))))
+    # FlashInfer's own minimum for every admitted shape, computed in the tree
+    # with the FlashInfer it pins (a scenario run, like the rest)
+    needs = run_scenario(
+        trees["after"],
+        "bug_a:min_need",
+        configs=[a["config"] for a in res["after"]],
+        budgets=[a.get("budget") for a in res["after"]],
+    )
+    if isinstance(needs, dict):
+        print(f"min_need: {needs.get('error')}: {needs.get('message')}")
+        return 1
 
     def fmt(b):
         return f"{b / MiB:9.2f}"
@@ -180,13 +153,12 @@ def main() -> int:
     print(hdr)
     print("-" * len(hdr))
     ok = True
-    for b, a in zip(res["before"], res["after"], strict=True):
+    for b, a, need in zip(res["before"], res["after"], needs, strict=True):
         c = a["config"]
         if "error" in a or "error" in b:
             print(c, a.get("error"), b.get("error"))
             ok = False
             continue
-        need = min_need(c, a["budget"])
         eq = a["cold_bytes"] == a["warm_bytes"] == need
         ok &= eq
         plans = a["plans"]

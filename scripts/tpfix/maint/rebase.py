@@ -31,7 +31,7 @@ TAG plus the patches kept so far.  Its class, in the order they are decided:
 
 OUT/report.json holds the same as the printed table, machine-readable;
 OUT/patches/series + patches are the series as carried (a starting point for
-upstream/TAG/, which is the reviewed forward port).  Exit status 0 when a
+lines/TAG/, the reviewed forward port: python -m tpfix.maint.newline).  Exit status 0 when a
 report was written, whatever the classes; 2 on errors (bad pin, failed fetch).
 """
 
@@ -45,7 +45,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, main_wrapper, run, sdist_pin, shown
+from tpfix.common import (
+    PATCHES,
+    ROOT,
+    SERIES,
+    TAG,
+    Fail,
+    get_line,
+    line_names,
+    main_wrapper,
+    run,
+    sdist_pin,
+    shown,
+)
 from tpfix.patch import cached_tree, prepare_tree
 from tpfix.patchfile import HUNK, diff_files, parse_diff, read_series, split, write_series
 from tpfix.quilt import Quilt, offsets, require
@@ -395,13 +407,22 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, help="output folder (default build/rebase/TAG)")
     ap.add_argument(
+        "--from",
+        dest="source",
+        choices=line_names(),
+        default=TAG,
+        help=f"the line whose series moves (default: {TAG}, patches/)",
+    )
+    ap.add_argument(
         "--no-checks",
         action="store_true",
         help="skip the scenario checks (textual classification only)",
     )
     args = ap.parse_args()
     out = args.out or ROOT / "build" / "rebase" / args.tag
-    report = rebase(args.tag, out, checks={} if args.no_checks else None)
+    line = get_line(args.source)
+    checks = {} if args.no_checks else None
+    report = rebase(args.tag, out, line.series, line.patches, checks, line.tag)
     print(f"rebase {report['from']} -> {report['to']} ({report['series']})")
     print(format_table(report))
     print(f"\nreport: {out / 'report.json'}\ncarried series: {out / 'patches' / 'series'}")

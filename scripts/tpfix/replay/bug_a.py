@@ -4,7 +4,7 @@
 workspace under speculative decoding with TP > 1.
 
 Each public function is a scenario that ``harness.run_scenario`` runs in a
-fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:tests/scenarios``
+fresh interpreter with ``PYTHONPATH=<vLLM tree>:<FlashInfer>:scripts``
 and that returns a JSON-serialisable dict.
 
 What is REAL (taken from the vLLM tree under test and the installed FlashInfer):
@@ -1181,6 +1181,43 @@ def bench(configs: list[dict]) -> list[dict]:
             new_process()
         out.append(row)
     return out
+
+
+def _min_need(c: dict, budget: int | None) -> int:
+    """Least bytes per rank FlashInfer needs for every admitted shape."""
+    import torch
+
+    if budget is None:
+        return 0
+    widths = [c["target_hidden"]] + ([c["draft_hidden"]] if c["draft_hidden"] else [])
+    dtype, tp = torch.bfloat16, c["tp"]
+    widest = max(widths)
+    # token limit the budget admits for the widest model (shared workspace)
+    limit = min(budget // (widest * 2), c["max_num_batched_tokens"])
+    if limit < 1:
+        return 0
+    if c["backend"] == "trtllm":
+        m = trtllm_sizes(tp, limit, widest, dtype)
+        r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
+        return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
+    from flashinfer.comm.trtllm_mnnvl_ar import (
+        MNNVLAllreduceFusionStrategy,
+        MNNVLAllReduceFusionWorkspace,
+    )
+
+    need = max(
+        MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
+            tp, n, h, dtype, MNNVLAllreduceFusionStrategy.AUTO
+        )
+        for h in widths
+        for n in range(1, limit + 1)
+    )
+    return need // 16 * 16 * MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
+
+
+def min_need(configs: list[dict], budgets: list) -> list[int]:
+    """_min_need for each config (bench/workspace.py): FlashInfer's own sizing."""
+    return [_min_need(c, b) for c, b in zip(configs, budgets, strict=True)]
 
 
 # --------------------------------------------------------------------------

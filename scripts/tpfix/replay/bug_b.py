@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B (seed 001): one-shot all-reduce threshold in two different units.
 
-Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:tests/support:
-tests/scenarios`` (see ``scripts/tpfix/replay/harness.py``).  They drive the REAL vLLM code of
+Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:<FlashInfer>:
+scripts`` (see ``scripts/tpfix/replay/harness.py``).  They drive the REAL vLLM code of
 the tree under test (the compiled custom op ``call_trtllm_fused_allreduce_norm``
 and the workspace helpers of ``flashinfer_all_reduce``) on top of the REAL
 FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
