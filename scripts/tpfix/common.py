@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tomllib
@@ -27,10 +28,18 @@ PATCHES = ROOT / "patches"
 SERIES = PATCHES / "series"
 PINS = ROOT / "pins"
 VERSION_FILE = ROOT / "VERSION"
-# The pinned upstream release, read from VERSION (its public part): VERSION is
-# the one place that names it; its artifacts are in pins/<TAG>.toml.
-# read_version() validates VERSION fully, this only reads it.
-TAG = "v" + (VERSION_FILE.read_text().strip().split("+")[0] if VERSION_FILE.exists() else "")
+
+
+def tag_of(version_file: Path) -> str:
+    """The upstream tag a VERSION file names (its public part); read_version()
+    validates the file fully, this only reads it."""
+    text = version_file.read_text().strip() if version_file.exists() else ""
+    return "v" + text.split("+")[0]
+
+
+# The pinned upstream release, read from VERSION: VERSION is the one place
+# that names it; its artifacts are in pins/<TAG>.toml.
+TAG = tag_of(VERSION_FILE)
 # The local version label that names this distribution: <upstream>+<LABEL>.<n>.
 LABEL = "tpfix"
 
@@ -116,11 +125,21 @@ class Line:
 
     @property
     def tag(self) -> str:
-        return "v" + self.version_file.read_text().strip().split("+")[0]
+        return tag_of(self.version_file)
 
     @property
     def is_default(self) -> bool:
         return self.version_file == VERSION_FILE
+
+    @property
+    def dist(self) -> Path:
+        """Where ./build.sh writes the line's wheel by default: dist/ (dist/<tag>/)."""
+        return ROOT / "dist" if self.is_default else ROOT / "dist" / self.tag
+
+    @property
+    def workdir(self) -> Path:
+        """The build's default work folder: build/work (build/work-<tag>)."""
+        return ROOT / "build" / ("work" if self.is_default else f"work-{self.tag}")
 
     def official_cuda(self) -> str:
         """The CUDA version the official wheels of this tag were built for."""
@@ -233,6 +252,16 @@ def sha256_file(path: Path) -> str:
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, text=True, capture_output=True, **kw)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt() -> None:
+    """Let SIGTERM unwind like Ctrl-C, so that the `finally` clean-ups run and
+    main_wrapper reports the interruption (for commands that write folders)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def main_wrapper(fn) -> None:

@@ -85,6 +85,23 @@ def _explain_pip_failure(art: Artifact, output: str) -> str:
     return f"{art.filename}: pip download failed:\n  {tail}"
 
 
+def _pip_download(art: Artifact, requirement: list[str], out: Path):
+    """`pip download --no-deps` of `requirement` (pip's arguments) into `out`,
+    with `art`'s arguments (_pip_args) and environment: the one pip call."""
+    env = dict(os.environ)
+    if art.project == "vllm" and art.is_sdist:
+        env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=art.version)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+    return run([*cmd, *requirement, "-d", str(out), *_pip_args(art)], env=env)
+
+
+def _tmp_dir() -> tempfile.TemporaryDirectory:
+    """A private folder in the cache's file system (os.replace into it is atomic)."""
+    tmp_root = cache_dir() / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(dir=tmp_root)
+
+
 def fetch(art: Artifact, pinfile: Path | None = None) -> Path:
     """Return the verified cached file of `art`, downloading it if needed."""
     with cache_lock(f"fetch-{art.sha256}"):
@@ -100,33 +117,12 @@ def _fetch(art: Artifact, pinfile: Path | None) -> Path:
         except Fail as e:
             print(f"warning: cache entry rejected, refetching: {e}", file=sys.stderr)
             dest.unlink()
-    tmp_root = cache_dir() / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+    with _tmp_dir() as tmp:
         req = Path(tmp) / "requirement.txt"
         req.write_text(f"{art.project}=={art.version} --hash=sha256:{art.sha256}\n")
         out = Path(tmp) / "out"
-        env = dict(os.environ)
-        if art.project == "vllm" and art.is_sdist:
-            env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=art.version)
         print(f"fetch: {art.filename} (pip download)", file=sys.stderr)
-        proc = run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--require-hashes",
-                "--disable-pip-version-check",
-                "-r",
-                str(req),
-                "-d",
-                str(out),
-                *_pip_args(art),
-            ],
-            env=env,
-        )
+        proc = _pip_download(art, ["--require-hashes", "-r", str(req)], out)
         if proc.returncode != 0:
             raise Fail(_explain_pip_failure(art, proc.stdout + proc.stderr))
         got = out / art.filename
@@ -165,17 +161,10 @@ def pin_test_dep(project: str, version: str) -> Artifact:
 
 
 def _download_unpinned(want: Artifact) -> Artifact:
-    tmp_root = cache_dir() / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
-        env = dict(os.environ)
-        if want.project == "vllm" and want.is_sdist:
-            env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=want.version)
+    with _tmp_dir() as tmp:
         what = f"{want.project}=={want.version} {want.arch or ''} {want.role}"
         print(f"pin: {what} (pip download)", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-        cmd += [f"{want.project}=={want.version}", "-d", tmp, *_pip_args(want)]
-        proc = run(cmd, env=env)
+        proc = _pip_download(want, [f"{want.project}=={want.version}"], Path(tmp))
         files = [f for f in Path(tmp).iterdir() if f.is_file()]
         if proc.returncode != 0 or len(files) != 1:
             tail = " ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])

@@ -35,7 +35,6 @@ from pathlib import Path
 
 from tpfix.common import (
     ROOT,
-    TAG,
     Fail,
     Line,
     get_line,
@@ -52,11 +51,10 @@ from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
 INSIDE = Path(__file__).with_name("image_inside.py")
-DEFAULT_BASE = f"vllm/vllm-openai:{TAG}"
 
 
 def default_base(line: Line | None = None) -> str:
-    """The official image of the line's tag (DEFAULT_BASE for the default line)."""
+    """The official image of the line's tag (the default line's by default)."""
     return f"vllm/vllm-openai:{(line or get_line()).tag}"
 
 
@@ -357,9 +355,9 @@ def build_image(
     t0 = time.monotonic()
     out = run_build(eng, build_cmd(eng, DOCKERFILE, ctx, tag, args), ctx.parent / "image.log")
     seconds = time.monotonic() - t0
-    for line in out.splitlines():
-        if line.startswith("image: "):
-            print(line, file=sys.stderr)
+    for said in out.splitlines():
+        if said.startswith("image: "):
+            print(said, file=sys.stderr)
     archive = None
     if eng.daemonless and archive_dir is not None:
         name = tag.rsplit("/", 1)[-1].replace(":", "-")
@@ -403,7 +401,7 @@ def measure(built: Built, base: str) -> dict[str, int]:
 def add_image_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("container image")
     g.add_argument(
-        "--base", help=f"base image (default vllm/vllm-openai:<line's tag>, {DEFAULT_BASE})"
+        "--base", help=f"base image (default vllm/vllm-openai:<line's tag>, {default_base()})"
     )
     g.add_argument("--tag", help="image name (default vllm-openai:v<VERSION with - for +>)")
     g.add_argument(
@@ -431,7 +429,7 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
         archive_dir=None if args.no_archive else (args.image_dir or dist / "image"),
         engine=args.engine,
         arch=getattr(args, "arch", None),
-        line=args.line if isinstance(args.line, Line) else get_line(args.line),
+        line=args.line,
     )
     print(built.ref)
     if built.archive:
@@ -446,8 +444,8 @@ def main() -> None:
     add_image_args(ap)
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
-    line = get_line(args.line)
-    args.dist = args.dist or ROOT / "dist" / ("" if line.is_default else line.tag)
+    line = args.line = get_line(args.line)
+    args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
         built = image_from_args(args, args.dist)

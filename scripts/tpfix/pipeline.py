@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -33,7 +32,6 @@ from pathlib import Path
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.common import (
     LABEL,
-    ROOT,
     Fail,
     Line,
     get_line,
@@ -42,6 +40,7 @@ from tpfix.common import (
     main_wrapper,
     read_version,
     shown,
+    sigterm_as_interrupt,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.package import publish
@@ -53,10 +52,6 @@ from tpfix.worklock import dist_lock, workdir_lock
 
 def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _staging_prefix(dist: Path) -> str:
@@ -143,12 +138,10 @@ def main() -> None:
     )
     add_image_args(ap)
     args = ap.parse_args()
-    line = get_line(args.line)
-    suffix = "" if line.is_default else line.tag
-    args.dist = args.dist or ROOT / "dist" / suffix
-    args.workdir = args.workdir or ROOT / "build" / ("work-" + suffix if suffix else "work")
-    args.line = line
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    line = args.line = get_line(args.line)
+    args.dist = args.dist or line.dist
+    args.workdir = args.workdir or line.workdir
+    sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
         final = _run_locked(args.arch, args.dist, args.workdir, line)

@@ -34,12 +34,21 @@ import argparse
 import json
 import re
 import shutil
-import signal
 import tarfile
 import zipfile
 from pathlib import Path
 
-from tpfix.common import LABEL, LINES, Fail, Line, get_line, line_names, main_wrapper, shown
+from tpfix.common import (
+    LABEL,
+    LINES,
+    Fail,
+    Line,
+    get_line,
+    line_names,
+    main_wrapper,
+    shown,
+    sigterm_as_interrupt,
+)
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
 
@@ -149,10 +158,6 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
     return dest, report
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
@@ -167,7 +172,7 @@ def main() -> None:
     )
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    sigterm_as_interrupt()
     dest, report = new_line(args.tag, get_line(args.source), not args.no_checks)
     print(format_table(report))
     left = [r["name"] for r in report["patches"] if r["status"] == "conflicts"]
