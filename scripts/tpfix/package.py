@@ -1,32 +1,121 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Stage 5: publish a verified wheel into dist/ with its SHA256SUMS.
+"""Stage 5: publish a verified wheel into dist/, with what describes it.
 
-The wheel is staged next to dist/ and moved in with os.replace (atomic on one
-file system), then SHA256SUMS is written the same way; older vllm wheels in
-dist/ are removed only after that.  An interrupted run leaves dist/ as it was.
+Beside the wheel, in the staging folder first (`describe`):
+  <wheel>.cdx.json          CycloneDX SBOM (tpfix.sbom), schema-checked
+  <wheel>.provenance.json   in-toto statement, SLSA v1 provenance (tpfix.attest)
+  <wheel>.intoto.jsonl      the statement signed (DSSE), with --sign-key only
+  <wheel>.metadata          the wheel's METADATA (PEP 658), for the index
+  simple/                   a static PEP 503 index of dist/ (tpfix.index)
+  SHA256SUMS                every file above, in `sha256sum -c` form
+
+`publish` moves the wheel, then each of them into dist/ with os.replace
+(atomic on one file system; simple/ by renaming the folder), SHA256SUMS
+last; older vllm files in dist/
+are removed only after that.  An interrupted run leaves dist/ as it was,
+apart from files SHA256SUMS does not list yet.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-from tpfix.common import sha256_file
+from tpfix.common import Line, sha256_file
+
+SUMS = "SHA256SUMS"
 
 
-def publish(wheel: Path, dist: Path) -> Path:
+def describe(
+    wheel: Path,
+    line: Line,
+    sdist: Path,
+    official: Path,
+    arch: str,
+    epoch: str,
+    sign_key: Path | None = None,
+) -> list[Path]:
+    """Write the SBOM, provenance (signed with `sign_key`) and index beside the
+    staged `wheel`; returns them, relative to the wheel's folder."""
+    from tpfix import attest, index, sbom
+    from tpfix.common import read_version
+
+    staging = wheel.parent
+    out = []
+
+    def write(name: str, text: str) -> None:
+        (staging / name).write_text(text)
+        out.append(Path(name))
+
+    write(f"{wheel.name}.cdx.json", sbom.dumps(sbom.wheel_bom(wheel, line, sdist, official, epoch)))
+    external = {
+        "command": attest.build_command(),
+        "line": line.tag,
+        "arch": arch,
+        "version": read_version(line.version_file),
+    }
+    stmt = attest.dumps(
+        attest.statement(
+            "wheel",
+            wheel.name,
+            sha256_file(wheel),
+            external,
+            attest.upstream_deps(line, sdist, official),
+            epoch,
+        )
+    )
+    write(f"{wheel.name}.provenance.json", stmt)
+    if sign_key is not None:
+        write(
+            attest.signed_name(f"{wheel.name}.provenance.json"),
+            attest.sign(stmt.encode(), sign_key),
+        )
+    out += index.write_index(staging, [wheel])
+    return out
+
+
+def write_sums(dist: Path, files: list[Path]) -> None:
+    """dist/SHA256SUMS for `files` (relative to dist), written atomically."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{SUMS}.", dir=dist)
+    with os.fdopen(fd, "w") as f:
+        for rel in sorted(files, key=lambda p: p.as_posix()):
+            f.write(f"{sha256_file(dist / rel)}  {rel.as_posix()}\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dist / SUMS)
+
+
+def read_sums(dist: Path) -> list[Path]:
+    """The files dist/SHA256SUMS lists (none without one)."""
+    sums = dist / SUMS
+    if not sums.exists():
+        return []
+    return [Path(ln.split("  ", 1)[1]) for ln in sums.read_text().splitlines() if "  " in ln]
+
+
+def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
+    """Move the staged wheel and its `extras` (relative to its folder) into dist/."""
+    staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
     final = dist / wheel.name
-    digest = sha256_file(wheel)
     os.replace(wheel, final)
-    fd, tmp = tempfile.mkstemp(prefix=".SHA256SUMS.", dir=dist)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{digest}  {final.name}\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, dist / "SHA256SUMS")
-    for old in dist.glob("vllm-*.whl"):
-        if old.name != final.name:
+    tops = {Path(p.parts[0]) for p in extras}
+    for top in sorted(tops, key=str):
+        src, dest = staging / top, dist / top
+        if src.is_dir():
+            old = dist / f".{top}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if dest.exists():
+                os.replace(dest, old)
+            os.replace(src, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(src, dest)
+    write_sums(dist, [Path(final.name), *extras])
+    keep = {final.name, *(str(t) for t in tops)}
+    for old in dist.glob("vllm-*"):
+        if old.name not in keep and old.is_file():
             old.unlink()
     return final

@@ -43,7 +43,7 @@ from tpfix.common import (
     sigterm_as_interrupt,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
-from tpfix.package import publish
+from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
 from tpfix.patchfile import read_series
 from tpfix.verify import verify_wheel
@@ -67,7 +67,31 @@ def build_locks(workdir: Path, dist: Path):
         yield
 
 
-def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
+# The Python packages the package stage needs (ci/requirements-build.txt).
+TOOLS = {
+    "cyclonedx": ("cyclonedx-python-lib", "the SBOM"),
+    "in_toto_attestation": ("in-toto-attestation", "the provenance"),
+    "securesystemslib": ("securesystemslib[crypto]", "signing the provenance"),
+    "simple503": ("simple503", "the package index"),
+}
+
+
+def check_tools() -> None:
+    """Stop before any download when a tool of the package stage is missing."""
+    import importlib.util
+
+    missing = [v for k, v in TOOLS.items() if importlib.util.find_spec(k) is None]
+    if missing:
+        names = ", ".join(f"{pkg} ({why})" for pkg, why in missing)
+        raise Fail(
+            f"missing in {sys.prefix}: {names}; ./build.sh installs them from "
+            "ci/requirements-build.txt (or: pip install -r ci/requirements-build.txt)"
+        )
+
+
+def _run_locked(
+    arch: str, dist: Path, workdir: Path, line: Line, sign_key: Path | None = None
+) -> Path:
     """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
     version = read_version(line.version_file)
     tag = line.tag
@@ -94,13 +118,14 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
         tree = prepare_tree(tree_parent / "vllm", series=line.series, patches=line.patches, tag=tag)
         _step(f"build: vllm {version} (setup.py, precompiled kernels)")
         t0 = time.monotonic()
+        epoch = source_date_epoch(sdist)
         wheel = build_wheel(
             tree,
             version,
             official,
             arch,
             staging,
-            source_date_epoch(sdist),
+            epoch,
             workdir / "logs" / "build.log",
             line.official_cuda(),
         )
@@ -112,8 +137,10 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line) -> Path:
                 f"{wheel.name} differs from the official wheel beyond the series "
                 "(nothing was written to dist/):\n  " + "\n  ".join(problems)
             )
+        _step("package: SBOM, provenance" + (" (signed)" if sign_key else "") + ", index")
+        extras = describe(wheel, line, sdist, official, arch, epoch, sign_key)
         _step(f"package into {dist}")
-        final = publish(wheel, dist)
+        final = publish(wheel, dist, extras)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(tree_parent, ignore_errors=True)
@@ -136,15 +163,25 @@ def main() -> None:
     ap.add_argument(
         "--image", action="store_true", help="then build the container image (Dockerfile)"
     )
+    ap.add_argument(
+        "--sign-key",
+        type=Path,
+        help="PEM private key: also sign the provenance (<wheel>.intoto.jsonl); "
+        "default $TPFIX_SIGNING_KEY (see scripts/tpfix/attest.py)",
+    )
     add_image_args(ap)
     args = ap.parse_args()
+    check_tools()
+    from tpfix.attest import signing_key
+
+    sign_key = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     args.workdir = args.workdir or line.workdir
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        final = _run_locked(args.arch, args.dist, args.workdir, line)
+        final = _run_locked(args.arch, args.dist, args.workdir, line, sign_key)
         print(final, flush=True)
         if args.image:
             image_from_args(args, args.dist)

@@ -1,0 +1,251 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""Provenance: an in-toto Statement v1 with a SLSA v1 provenance predicate.
+
+For the wheel (`<wheel>.provenance.json`) and the image
+(`<image>.provenance.json`), built with in-toto-attestation's bindings:
+  * subject: the artifact's file name and sha256 (the image: its config digest);
+  * buildDefinition: our build type, the command line and the line, arch and
+    VERSION as external parameters; SOURCE_DATE_EPOCH and the build tools'
+    versions as internal ones; as resolved dependencies the pinned sdist
+    and official wheel, every patch of the series (sha256 of each file) and,
+    for the image, the base image and the wheel;
+  * runDetails.builder: this repository at its commit (`-dirty` with
+    uncommitted changes), as a builder dependency with its gitCommit digest.
+No start/finish times: the statement is byte-reproducible like the wheel.
+
+This is provenance a build writes about itself (SLSA Build L1); signed with
+a key the operator holds, it says who vouches for it.  Signing (DSSE, the
+envelope in-toto and SLSA use) takes a PEM private key (ed25519, ECDSA or
+RSA) and writes `<artifact>.intoto.jsonl`; keyless signing needs an OIDC
+identity and a transparency log, neither reachable from this build.
+
+    python -m tpfix.attest sign STATEMENT --key PRIVATE.pem   # -> STATEMENT's .intoto.jsonl
+    python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem [--artifact FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from google.protobuf import json_format
+from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
+from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+from in_toto_attestation.v1.statement import Statement
+
+from tpfix.common import ROOT, Fail, Line, main_wrapper, run, sha256_file
+from tpfix.patchfile import read_series
+
+PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUILD_TYPE = "urn:tpfix:build-type:{}:v1"  # wheel, image
+BUILDER_ID = "urn:tpfix:builder:build.sh"
+SIGNING_KEY_ENV = "TPFIX_SIGNING_KEY"
+
+
+def _git(*args: str) -> str:
+    proc = run(["git", "-C", str(ROOT), *args])
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def revision() -> str:
+    """HEAD of this repository, `-dirty` with uncommitted changes to tracked files."""
+    head = _git("rev-parse", "HEAD") or "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if dirty else "")
+
+
+def source_url() -> str:
+    """The `origin` remote, empty without one."""
+    return _git("remote", "get-url", "origin")
+
+
+def _rd(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescriptor:
+    """A resource descriptor with a sha256 digest (`sha256:` prefix optional)."""
+    return ResourceDescriptor(
+        name=name,
+        uri=uri,
+        digest={"sha256": digest.removeprefix("sha256:")},
+        annotations=annotations or None,
+    )
+
+
+def file_dep(path: Path, uri: str = "", **annotations: str) -> ResourceDescriptor:
+    return _rd(path.name, sha256_file(path), uri, **annotations)
+
+
+def upstream_deps(line: Line, sdist: Path, official: Path) -> list[ResourceDescriptor]:
+    """The pinned upstream files and each patch of the line's series."""
+    version = line.tag.removeprefix("v")
+    out = [
+        file_dep(sdist, f"pkg:pypi/vllm@{version}?file_name={sdist.name}"),
+        file_dep(official, f"pkg:pypi/vllm@{version}?file_name={official.name}"),
+    ]
+    for name in read_series(line.series):
+        path = line.patches / name
+        out.append(_rd(path.relative_to(ROOT).as_posix(), sha256_file(path), series=line.tag))
+    return out
+
+
+def _tools() -> dict[str, str]:
+    names = ["setuptools", "setuptools-scm", "wheel", "torch", "cyclonedx-python-lib"]
+    out = {"python": platform.python_version()}
+    for n in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[n] = metadata.version(n)
+    return out
+
+
+def statement(
+    kind: str,
+    subject_name: str,
+    subject_digest: str,
+    external: dict,
+    deps: list[ResourceDescriptor],
+    epoch: str | int,
+) -> dict:
+    """The statement as a plain dict (in-toto-attestation validates it)."""
+    commit = revision()
+    head = commit.removesuffix("-dirty")
+    # No uri without an origin remote: a local path would differ per checkout.
+    builder_dep = ResourceDescriptor(
+        name="vllm-tpfix",
+        uri=f"git+{source_url()}@{head}" if source_url() else "",
+        digest={"gitCommit": head},
+        annotations={"dirty": True} if commit != head else None,
+    )
+    internal = {"SOURCE_DATE_EPOCH": str(epoch), "tools": _tools()}
+    prov = slsa.Provenance(
+        build_definition=slsa.BuildDefinition(
+            build_type=BUILD_TYPE.format(kind),
+            resolved_dependencies=[d.pb for d in deps],
+        ),
+        run_details=slsa.RunDetails(
+            builder=slsa.Builder(id=BUILDER_ID, builder_dependencies=[builder_dep.pb]),
+        ),
+    )
+    prov.build_definition.external_parameters.update(external)
+    prov.build_definition.internal_parameters.update(internal)
+    subject = _rd(subject_name, subject_digest)
+    stmt = Statement([subject.pb], PREDICATE_TYPE, json_format.MessageToDict(prov))
+    stmt.validate()
+    for d in deps:
+        d.validate()
+    return json_format.MessageToDict(stmt.pb)
+
+
+def build_command() -> str:
+    """How this build was started (build.sh runs tpfix.pipeline with its arguments)."""
+    return shlex.join(["./build.sh", *sys.argv[1:]])
+
+
+def dumps(stmt: dict) -> str:
+    return json.dumps(stmt, indent=2, sort_keys=True) + "\n"
+
+
+# --- signing (DSSE) ------------------------------------------------------------
+
+
+def _signer(key: Path):
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner
+
+    try:
+        private = load_pem_private_key(key.read_bytes(), password=_password())
+    except (OSError, ValueError, TypeError) as e:
+        raise Fail(
+            f"signing key {key}: {e}; give a PEM private key (ed25519, ECDSA or RSA) "
+            f"with --sign-key or ${SIGNING_KEY_ENV}, its passphrase in "
+            "$TPFIX_SIGNING_KEY_PASSWORD if it has one"
+        ) from None
+    return CryptoSigner(private)
+
+
+def _password() -> bytes | None:
+    pw = os.environ.get("TPFIX_SIGNING_KEY_PASSWORD")
+    return pw.encode() if pw else None
+
+
+def sign(payload: bytes, key: Path) -> str:
+    """A DSSE envelope over `payload` (one JSON line, the .intoto.jsonl form)."""
+    from securesystemslib.dsse import Envelope
+
+    env = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
+    env.sign(_signer(key))
+    return json.dumps(env.to_dict(), sort_keys=True) + "\n"
+
+
+def verify(envelope: Path, public_key: Path, artifact: Path | None = None) -> dict:
+    """Check the envelope's signature with `public_key` (PEM) and, given the
+    artifact, that it is the statement's subject; returns the statement."""
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import VerificationError
+    from securesystemslib.signer import SSlibKey
+
+    try:
+        env = Envelope.from_dict(json.loads(envelope.read_text()))
+        key = SSlibKey.from_crypto(load_pem_public_key(public_key.read_bytes()))
+    except (OSError, ValueError, KeyError) as e:
+        raise Fail(f"cannot read {envelope} or {public_key}: {e}") from None
+    if env.payload_type != PAYLOAD_TYPE:
+        raise Fail(f"{envelope}: payload type {env.payload_type!r}, expected {PAYLOAD_TYPE}")
+    try:
+        env.verify([key], 1)
+    except VerificationError as e:
+        raise Fail(f"{envelope}: signature does not verify with {public_key}: {e}") from None
+    stmt = json.loads(env.payload)
+    if artifact is not None:
+        digest = sha256_file(artifact)
+        subjects = [s["digest"].get("sha256") for s in stmt["subject"]]
+        if digest not in subjects:
+            raise Fail(f"{artifact} (sha256 {digest}) is not the subject of {envelope}")
+    return stmt
+
+
+def signed_name(statement_name: str) -> str:
+    return statement_name.removesuffix(".provenance.json") + ".intoto.jsonl"
+
+
+def signing_key(given: Path | None) -> Path | None:
+    """--sign-key, else $TPFIX_SIGNING_KEY, else none (unsigned statement only)."""
+    key = given or (Path(os.environ[SIGNING_KEY_ENV]) if os.environ.get(SIGNING_KEY_ENV) else None)
+    if key is not None:
+        _signer(key)  # a bad key stops the build before anything is built
+    return key
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sign", help="sign a statement (writes <artifact>.intoto.jsonl beside it)")
+    s.add_argument("statement", type=Path)
+    s.add_argument("--key", type=Path, required=True, help="PEM private key")
+    v = sub.add_parser("verify", help="verify a signed statement")
+    v.add_argument("envelope", type=Path)
+    v.add_argument("--key", type=Path, required=True, help="PEM public key")
+    v.add_argument("--artifact", type=Path, help="also check that this file is the subject")
+    args = ap.parse_args()
+    if args.cmd == "sign":
+        out = args.statement.with_name(signed_name(args.statement.name))
+        out.write_text(sign(args.statement.read_bytes(), args.key))
+        print(out)
+    else:
+        stmt = verify(args.envelope, args.key, args.artifact)
+        subj = ", ".join(f"{s['name']} sha256:{s['digest']['sha256']}" for s in stmt["subject"])
+        print(f"{args.envelope}: signature OK; subject {subj}")
+        deps = stmt["predicate"]["buildDefinition"].get("resolvedDependencies", [])
+        for d in deps:
+            print(f"  built from {d.get('name')} sha256:{d['digest'].get('sha256')}")
+
+
+if __name__ == "__main__":
+    main_wrapper(main)

@@ -1,0 +1,472 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""What dist/ holds beside the wheel: SBOM, provenance (signed or not), index,
+SHA256SUMS, and the advisory report with its VEX.
+
+Fast: the package stage (tpfix.package.describe + publish, the real code) on
+a tiny wheel made here, with two small files standing in for the upstream
+sdist and official wheel (only their sha256 goes into the documents) and
+the default line's real series.  The advisory tests run the real pip-audit
+against an OSV-compatible service simulated on 127.0.0.1 (it answers one
+made-up advisory for vllm 0.27.1), and against a port nobody listens on.
+Slow: the same checks on the dist/ of a real ./build.sh, and the real
+advisory command against the real index.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from google.protobuf import json_format
+from in_toto_attestation.v1 import statement_pb2
+from in_toto_attestation.v1.statement import Statement
+from test_index import make_wheel
+
+from tpfix import advisories, attest, package, sbom
+from tpfix.common import ROOT, Fail, get_line, read_version, sdist_pin, wheel_pin
+from tpfix.patchfile import read_series
+
+SIDE = (".cdx.json", ".provenance.json", ".metadata")
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _sums(dist: Path) -> dict[str, str]:
+    lines = (dist / "SHA256SUMS").read_text().splitlines()
+    return {ln.split("  ", 1)[1]: ln.split("  ", 1)[0] for ln in lines}
+
+
+def _check_sums(dist: Path) -> None:
+    """`sha256sum -c` (the coreutils tool an operator runs) accepts SHA256SUMS."""
+    proc = subprocess.run(
+        ["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dist, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _keypair(folder: Path) -> tuple[Path, Path]:
+    """A throwaway ed25519 key pair, made for this test only."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    priv, pub = folder / "signing.pem", folder / "signing.pub.pem"
+    priv.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return priv, pub
+
+
+def _publish_small(tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None = None):
+    """The package stage on a tiny wheel: returns (dist, wheel, sdist, official)."""
+    staging, dist = tmp / "staging", tmp / "dist"
+    wheel = make_wheel(staging, version)
+    sdist, official = tmp / "vllm-0.27.1.tar.gz", tmp / "vllm-0.27.1-py3-none-any.whl"
+    sdist.write_bytes(b"stand-in for the pinned sdist")
+    official.write_bytes(b"stand-in for the official wheel")
+    extras = package.describe(wheel, get_line(), sdist, official, "x86_64", "1700000000", key)
+    final = package.publish(wheel, dist, extras)
+    return dist, final, sdist, official
+
+
+def _statement(path: Path) -> dict:
+    """The statement, parsed back through in-toto-attestation's own validator."""
+    data = json.loads(path.read_text())
+    pb = json_format.ParseDict(data, statement_pb2.Statement())
+    Statement.copy_from_pb(pb).validate()
+    return data
+
+
+def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) -> dict:
+    text = doc_path.read_text()
+    sbom.validate(text)  # the CycloneDX 1.6 JSON schema, strict
+    doc = json.loads(text)
+    root = doc["metadata"]["component"]
+    assert root["name"] == "vllm"
+    assert root["version"] == wheel.name.split("-")[1]
+    assert root["hashes"] == [{"alg": "SHA-256", "content": _sha(wheel)}]
+    ancestors = {a["bom-ref"].split(":")[1]: a for a in root["pedigree"]["ancestors"]}
+    assert ancestors["sdist"]["hashes"][0]["content"] == sdist_sha
+    assert ancestors["wheel"]["hashes"][0]["content"] == official_sha
+    line = get_line()
+    names = read_series(line.series)
+    patches = root["pedigree"]["patches"]
+    assert sorted(p["resolves"][0]["id"] for p in patches) == sorted(names)
+    for p in patches:
+        name = p["resolves"][0]["id"]
+        assert p["diff"]["text"]["content"] == (line.patches / name).read_text()
+        assert _sha(line.patches / name) in p["resolves"][0]["description"]
+        bug = [v for k, v in _trailers(line.patches / name) if k == "Bug"][0]
+        assert bug in p["resolves"][0]["references"]
+        assert p["type"] == ("backport" if name.startswith("0001") else "unofficial")
+    return doc
+
+
+def _trailers(path: Path):
+    from tpfix.patchfile import read_patch
+
+    return read_patch(path).header.trailers
+
+
+# --- fast: the package stage on a small wheel ---------------------------------------
+
+
+def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_path: Path):
+    dist, wheel, sdist, official = _publish_small(tmp_path)
+    files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
+    expected = sorted(
+        [wheel.name, *(wheel.name + s for s in SIDE), "SHA256SUMS"]
+        + ["simple/index.html", "simple/vllm/index.html"]
+    )
+    assert files == expected
+    assert sorted(_sums(dist)) == sorted(set(expected) - {"SHA256SUMS"})
+    _check_sums(dist)
+    assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())
+
+
+def test_sbom_names_the_upstream_inputs_and_each_patch(tmp_path: Path):
+    dist, wheel, sdist, official = _publish_small(tmp_path)
+    doc = _check_sbom(dist / f"{wheel.name}.cdx.json", wheel, _sha(sdist), _sha(official))
+    reqs = {c["properties"][0]["value"] for c in doc["components"]}
+    assert reqs == {"flashinfer-python==0.6.16.post4"}  # the tiny wheel's one requirement
+    (comp,) = doc["components"]
+    assert comp["version"] == "0.6.16.post4" and comp["scope"] == "required"
+    (dep,) = [d for d in doc["dependencies"] if d["ref"] == doc["metadata"]["component"]["bom-ref"]]
+    assert dep["dependsOn"] == [comp["bom-ref"]]
+
+
+def test_sbom_schema_check_rejects_a_broken_document():
+    with pytest.raises(Fail, match="not valid CycloneDX 1.6"):
+        sbom.validate(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6", "version": "x"}))
+
+
+def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
+    dist, wheel, sdist, official = _publish_small(tmp_path)
+    stmt = _statement(dist / f"{wheel.name}.provenance.json")
+    assert stmt["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert stmt["subject"] == [{"name": wheel.name, "digest": {"sha256": _sha(wheel)}}]
+    bd = stmt["predicate"]["buildDefinition"]
+    line = get_line()
+    want = {sdist.name: _sha(sdist), official.name: _sha(official)}
+    want.update({f"patches/{n}": _sha(line.patches / n) for n in read_series(line.series)})
+    assert {d["name"]: d["digest"]["sha256"] for d in bd["resolvedDependencies"]} == want
+    assert bd["externalParameters"]["line"] == line.tag
+    assert bd["externalParameters"]["version"] == read_version()
+    assert bd["internalParameters"]["SOURCE_DATE_EPOCH"] == "1700000000"
+    (builder,) = stmt["predicate"]["runDetails"]["builder"]["builderDependencies"]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert builder["digest"] == {"gitCommit": head}
+    assert "startedOn" not in json.dumps(stmt)  # reproducible: no clock in it
+
+
+def test_package_stage_is_byte_reproducible(tmp_path: Path):
+    a, wa, _, _ = _publish_small(tmp_path / "a")
+    b, wb, _, _ = _publish_small(tmp_path / "b")
+    assert (a / "SHA256SUMS").read_bytes() == (b / "SHA256SUMS").read_bytes()
+
+
+def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
+    priv, pub = _keypair(tmp_path)
+    dist, wheel, _, _ = _publish_small(tmp_path, key=priv)
+    env = dist / f"{wheel.name}.intoto.jsonl"
+    assert wheel.name + ".intoto.jsonl" in _sums(dist)
+    stmt = attest.verify(env, pub, wheel)
+    assert stmt == json.loads((dist / f"{wheel.name}.provenance.json").read_text())
+    # the CLI an operator runs
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpfix.attest",
+            "verify",
+            str(env),
+            "--key",
+            str(pub),
+            "--artifact",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0 and "signature OK" in proc.stdout, proc.stderr
+    # another key, a changed payload, another artifact: each refused
+    (tmp_path / "other").mkdir()
+    _, other_pub = _keypair(tmp_path / "other")
+    with pytest.raises(Fail, match="signature does not verify"):
+        attest.verify(env, other_pub, wheel)
+    data = json.loads(env.read_text())
+    payload = json.loads(base64.b64decode(data["payload"]))
+    payload["subject"][0]["digest"]["sha256"] = "0" * 64
+    data["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    forged = tmp_path / "forged.intoto.jsonl"
+    forged.write_text(json.dumps(data))
+    with pytest.raises(Fail, match="signature does not verify"):
+        attest.verify(forged, pub, wheel)
+    with pytest.raises(Fail, match="is not the subject"):
+        attest.verify(env, pub, dist / f"{wheel.name}.metadata")
+
+
+def test_a_bad_signing_key_stops_the_build_before_any_download(tmp_path: Path):
+    bad = tmp_path / "key.pem"
+    bad.write_text("not a key\n")
+    env = dict(os.environ, TPFIX_SIGNING_KEY=str(bad))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(tmp_path / "dist"),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert f"signing key {bad}" in proc.stderr and "PEM private key" in proc.stderr
+    assert "==> fetch" not in proc.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_missing_tool_is_named_before_any_download(monkeypatch):
+    from tpfix import pipeline
+
+    monkeypatch.setitem(pipeline.TOOLS, "tpfix_no_such_module", ("simple503", "the index"))
+    with pytest.raises(Fail, match=r"missing in .*: simple503 \(the index\); ./build.sh"):
+        pipeline.check_tools()
+
+
+def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
+    dist, old, _, _ = _publish_small(tmp_path / "one", "0.27.1+tpfix.2")
+    (dist / f"{old.name}.vex.cdx.json").write_text("{}")  # an advisory report of the old one
+    shutil.rmtree(tmp_path / "one" / "staging")
+    staging = tmp_path / "one" / "staging"
+    wheel = make_wheel(staging, "0.27.1+tpfix.3")
+    sd = tmp_path / "one" / "vllm-0.27.1.tar.gz"
+    off = tmp_path / "one" / "vllm-0.27.1-py3-none-any.whl"
+    extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+    new = package.publish(wheel, dist, extras)
+    assert not [p for p in dist.iterdir() if p.name.startswith(old.name)]
+    assert sorted(p.name for p in dist.glob("vllm-*")) == sorted(
+        [new.name, *(new.name + s for s in SIDE)]
+    )
+    assert "0.27.1+tpfix.2" not in (dist / "simple" / "vllm" / "index.html").read_text()
+    _check_sums(dist)
+
+
+# --- advisories --------------------------------------------------------------------
+
+ADVISORY = {
+    "id": "GHSA-tpfx-test-0001",
+    "aliases": ["CVE-2099-0001"],
+    "summary": "made-up advisory for this test",
+    "affected": [
+        {
+            "package": {"name": "vllm", "ecosystem": "PyPI"},
+            "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.28.0"}]}],
+        }
+    ],
+}
+
+
+class _OSV(http.server.BaseHTTPRequestHandler):
+    """Simulated OSV API: POST /v1/query answers ADVISORY for vllm 0.27.1, else nothing."""
+
+    asked: list = []
+
+    def do_POST(self):
+        q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.asked.append((q["package"]["name"], q["version"]))
+        hit = (q["package"]["name"], q["version"]) == ("vllm", "0.27.1")
+        body = json.dumps({"vulns": [ADVISORY]} if hit else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def osv():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OSV)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _OSV.asked = []
+    yield f"http://127.0.0.1:{server.server_port}/v1/query"
+    server.shutdown()
+
+
+def _advise(dist: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tpfix.advisories", "--dist", str(dist), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def _pinned(tmp: Path) -> Path:
+    req = tmp / "pinned.txt"
+    req.write_text("vllm==0.27.1+tpfix.3\njinja2==3.1.6\n")
+    return req
+
+
+def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
+    dist, wheel, _, _ = _publish_small(tmp_path)
+    proc = _advise(
+        dist, "--requirements", str(_pinned(tmp_path)), "--service", "osv", "--osv-url", osv
+    )
+    assert proc.returncode == 0, proc.stderr
+    # vllm is asked for as its upstream version, as scanners read ours
+    assert sorted(_OSV.asked) == [("jinja2", "3.1.6"), ("vllm", "0.27.1")]
+    report = json.loads((dist / f"{wheel.name}.advisories.json").read_text())
+    (vllm,) = [d for d in report["dependencies"] if d["name"] == "vllm"]
+    assert [v["id"] for v in vllm["vulns"]] in (["GHSA-tpfx-test-0001"], ["CVE-2099-0001"])
+    vex_text = (dist / f"{wheel.name}.vex.cdx.json").read_text()
+    sbom.validate(vex_text)
+    vex = json.loads(vex_text)
+    (v,) = vex["vulnerabilities"]
+    doc = json.loads((dist / f"{wheel.name}.cdx.json").read_text())
+    serial = doc["serialNumber"].removeprefix("urn:uuid:")
+    assert v["affects"] == [
+        {"ref": f"urn:cdx:{serial}/1#{doc['metadata']['component']['bom-ref']}"}
+    ]
+    assert v["analysis"]["state"] == "in_triage"  # no advisories.toml entry for it
+    assert v["recommendation"] == "fixed in 0.28.0"
+    assert {f"{wheel.name}.advisories.json", f"{wheel.name}.vex.cdx.json"} <= set(_sums(dist))
+    _check_sums(dist)
+
+
+def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str, monkeypatch):
+    """advisories.toml beside the series: a patch that resolves it, or why it does not apply."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "patches", repo / "patches")
+    line = get_line()
+    name = read_series(line.series)[1]
+    for state, extra, want_detail in [
+        ("resolved", f'patch = "{name}"', f"fixed by {name} of the series"),
+        ("not_affected", 'justification = "code_not_reachable"', "unused API"),
+    ]:
+        (repo / "patches" / "advisories.toml").write_text(
+            f'[[advisory]]\nid = "CVE-2099-0001"\nstate = "{state}"\n{extra}\n'
+            'detail = "unused API"\n'
+        )
+        fake = type(line)(line.version_file, line.pins, repo / "patches")
+        report = advisories.audit([("vllm", "0.27.1")], "osv", osv)
+        dist, wheel, _, _ = _publish_small(tmp_path / state)
+        vex = json.loads(advisories.vex(report, wheel, fake))
+        (v,) = vex["vulnerabilities"]
+        assert v["analysis"]["state"] == state
+        assert want_detail in v["analysis"]["detail"]
+        if state == "not_affected":
+            assert v["analysis"]["justification"] == "code_not_reachable"
+    (repo / "patches" / "advisories.toml").write_text(
+        '[[advisory]]\nid = "CVE-2099-0001"\nstate = "resolved"\npatch = "9999-nope.patch"\n'
+    )
+    with pytest.raises(Fail, match="resolved needs `patch` naming a patch of the series"):
+        advisories.load_triage(type(line)(line.version_file, line.pins, repo / "patches"))
+
+
+def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: Path):
+    dist, wheel, _, _ = _publish_small(tmp_path)
+    before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _advise(
+        dist,
+        "--requirements",
+        str(_pinned(tmp_path)),
+        "--service",
+        "osv",
+        "--osv-url",
+        f"http://127.0.0.1:{port}/v1/query",
+    )
+    assert proc.returncode == 2
+    assert "could not be queried, so nothing was audited and nothing written" in proc.stderr
+    assert "no known" not in (proc.stdout + proc.stderr).lower()
+    assert {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()} == before
+
+
+def test_unpinned_requirements_are_refused(tmp_path: Path):
+    req = tmp_path / "r.txt"
+    req.write_text("jinja2>=3\n")
+    with pytest.raises(Fail, match="is not pinned"):
+        advisories.read_requirements(req)
+
+
+# --- slow: the real build's dist/ and the real advisory source ------------------------
+
+
+@pytest.mark.slow
+def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
+    dist = built_wheel.parent
+    arch = built_wheel.name.rsplit("_", 2)[-2] if "aarch64" in built_wheel.name else "x86_64"
+    listed = set(_sums(dist))
+    assert listed == {
+        built_wheel.name,
+        *(built_wheel.name + s for s in SIDE),
+        "simple/index.html",
+        "simple/vllm/index.html",
+    }
+    _check_sums(dist)
+    _check_sbom(
+        dist / f"{built_wheel.name}.cdx.json",
+        built_wheel,
+        sdist_pin().sha256,
+        wheel_pin(arch).sha256,
+    )
+    stmt = _statement(dist / f"{built_wheel.name}.provenance.json")
+    assert stmt["subject"][0]["digest"]["sha256"] == _sha(built_wheel)
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"]["command"].startswith(
+        "./build.sh --dist "
+    )
+
+
+@pytest.mark.slow
+def test_real_advisory_source_reports_or_fails_loudly(built_wheel: Path, tmp_path: Path):
+    """The real command on the real wheel: pip resolves its requirements from
+    the configured index, pip-audit asks the index's advisory data.  Either a
+    full, valid report, or exit 2 saying what could not be resolved or
+    audited, with dist/ untouched: never a silent "no advisories"."""
+    dist = tmp_path / "dist"
+    shutil.copytree(built_wheel.parent, dist)
+    before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
+    proc = _advise(dist)
+    if proc.returncode == 0:
+        sbom.validate((dist / f"{built_wheel.name}.vex.cdx.json").read_text())
+        _check_sums(dist)
+    else:
+        assert proc.returncode == 2, proc.stderr
+        assert "cannot be audited" in proc.stderr or "could not be" in proc.stderr
+        assert {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()} == before
+    print(proc.stderr)
