@@ -5,8 +5,9 @@
 The v0.33.0 line is made again from the v0.27.1 line, in a copy of this
 repository without lines/v0.33.0/, as a maintainer would on the day of a
 release: its pins must equal the committed ones (same files, sha256, size,
-CUDA) and its classification the committed lines/v0.33.0/rebase.json.  The
-downloads are real (pip); the scenario checks are the real replays.
+CUDA, the versions table's facts) and its classification the committed
+lines/v0.33.0/rebase.json.  The downloads are real (pip); the scenario checks
+are the real replays.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import ROOT, get_line, load_pins
+from tpfix.versions import WHEEL_FACTS
 
 # downloads the sdist and both official wheels of v0.33.0, replays scenarios
 pytestmark = pytest.mark.slow
@@ -69,6 +71,11 @@ def test_pins_equal_the_committed_ones(made):
     assert [a for a in ours if a.role == "test"] == fi
     text = (copy / "lines" / TAG / "pins.toml").read_text()
     assert tomllib.loads(text)["cuda"] == get_line(TAG).official_cuda()
+    # the versions table's facts, from the downloaded wheels and sdist
+    ours, theirs = tomllib.loads(text), tomllib.loads(get_line(TAG).pins.read_text())
+    for key in (*WHEEL_FACTS, "image-python"):
+        assert ours[key] == theirs[key], key
+    assert "flashinfer-repinned" not in ours  # a re-pin is the series', added by hand
 
 
 def test_classification_equals_the_committed_one(made):

@@ -10,7 +10,12 @@ For a tag with no line yet it writes lines/TAG/:
 
   pins.toml    the sdist and the official x86_64 and aarch64 wheels, pinned
                by the sha256 and size of the files pip downloaded (fetch.
-               pin_release; `cuda` read from the wheel's METADATA extras).
+               pin_release; `cuda` read from the wheel's METADATA extras),
+               and the facts the versions table shows (tpfix.versions):
+               `requires-python`, `torch`, `flashinfer` from the wheels'
+               METADATA (both wheels must agree), `image-python` from the
+               sdist's docker/Dockerfile.  A patch of the series that re-pins
+               FlashInfer needs `flashinfer-repinned` added by hand.
                Review them before committing: a pin is a reviewed fact.
   series       the source line's series as rebase.py carries it onto TAG:
                absorbed patches dropped, patches that apply exactly or with
@@ -51,9 +56,10 @@ from tpfix.common import (
 )
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
+from tpfix.versions import WHEEL_FACTS, image_python, wheel_facts
 
 
-def _toml_pins(tag: str, arts, cuda: str) -> str:
+def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
     out = [
         f"# Upstream artifacts of vLLM {tag}: sha256 and size of the files pip",
         "# downloaded (python -m tpfix.maint.newline).  Review before commit: a",
@@ -63,7 +69,14 @@ def _toml_pins(tag: str, arts, cuda: str) -> str:
         f'tag = "{tag}"',
         "# CUDA of the official wheels (from the extras their METADATA keeps)",
         f'cuda = "{cuda}"',
+        "# What the official wheels' METADATA requires (tpfix.versions.wheel_facts)",
+        *(f'{k} = "{facts[k]}"' for k in WHEEL_FACTS),
     ]
+    if facts.get("image-python"):
+        out += [
+            "# Python of the official image: PYTHON_VERSION of the sdist's docker/Dockerfile",
+            f'image-python = "{facts["image-python"]}"',
+        ]
     for a in arts:
         out += ["", "[[artifact]]", f'project = "{a.project}"', f'version = "{a.version}"']
         out += [f'role = "{a.role}"']
@@ -99,6 +112,21 @@ def _flashinfer_pin(sdist: Path) -> tuple[str, str] | None:
     return ("flashinfer-python", m.group(1)) if m else None
 
 
+def _release_facts(sdist: Path, wheels: list[Path]) -> dict[str, str]:
+    """The versions table's facts of a release: its wheels' (which must agree)
+    and the image's Python from its sdist."""
+    facts = wheel_facts(wheels[0])
+    for other in wheels[1:]:
+        theirs = wheel_facts(other)
+        if theirs != facts:
+            raise Fail(
+                f"{other.name} and {wheels[0].name} require different things: "
+                f"{theirs} != {facts}; pin the facts by hand"
+            )
+    python = image_python(sdist)
+    return {**facts, "image-python": python} if python else facts
+
+
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
     """Write lines/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
@@ -122,13 +150,14 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
         sdist = cached_path(next(a for a in arts if a.role == "sdist"))
         wheel = next(a for a in arts if a.arch == "x86_64")
         cuda = wheel_cuda(cached_path(wheel), source.official_cuda())
+        facts = _release_facts(sdist, [cached_path(a) for a in arts if a.role == "wheel"])
         fi = _flashinfer_pin(sdist)
         if fi is not None:
             try:
                 fetch_test_dep(*fi)  # pinned already (pins/flashinfer.toml, a line)
             except Fail:
                 arts.append(pin_test_dep(*fi))  # the scenario checks need it
-        (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda))
+        (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda, facts))
         report = rebase(
             tag,
             dest / ".rebase",

@@ -1,0 +1,301 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The static PEP 503 index of a dist folder (scripts/tpfix/index.py).
+
+Fast: a tiny wheel made here (project vllm, a local version), its index pages
+and .metadata file, byte-identical on a second run, and pip resolving it from
+the dist folder served by http.server on 127.0.0.1, with pip cut off from
+this machine's configuration (no config file, no PIP_* variables, no cache),
+so our index is all it can see.  Slow: the same for the wheel ./build.sh
+builds.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import html.parser
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tpfix.common import ROOT, Fail, read_version
+from tpfix.index import wheel_metadata, write_index
+
+VERSION = "0.0.1+tpfix.1"
+REQUIRES_PYTHON = ">=3.10,<3.15"
+
+
+def make_wheel(folder: Path, version: str = VERSION) -> Path:
+    """A minimal pure-Python wheel of project vllm (METADATA, WHEEL, RECORD)."""
+    dist_info = f"vllm-{version}.dist-info"
+    files = {
+        "vllm/__init__.py": f'__version__ = "{version}"\n'.encode(),
+        f"{dist_info}/METADATA": (
+            "Metadata-Version: 2.1\nName: vllm\n"
+            f"Version: {version}\nRequires-Python: {REQUIRES_PYTHON}\n"
+            "Requires-Dist: flashinfer-python==0.6.16.post4\n\ntest wheel\n"
+        ).encode(),
+        f"{dist_info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"  # noqa: E501
+        for name, data in files.items()
+    )
+    files[f"{dist_info}/RECORD"] = (record + f"{dist_info}/RECORD,,\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"vllm-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
+    return wheel
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.anchors: list[dict[str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.anchors.append(dict(attrs))
+
+
+def anchors(page: Path) -> list[dict[str, str]]:
+    parser = _Anchors()
+    parser.feed(page.read_text())
+    return parser.anchors
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def check_index(dist: Path, wheel: Path) -> None:
+    """The pages and the .metadata file of `wheel` in `dist` are right."""
+    meta = dist / f"{wheel.name}.metadata"
+    assert meta.read_bytes() == wheel_metadata(wheel)
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        assert meta.read_bytes() == z.read(name)
+    assert [a["href"] for a in anchors(dist / "simple" / "index.html")] == ["./vllm/"]
+    (link,) = [a for a in anchors(dist / "simple" / "vllm" / "index.html")]
+    assert link["href"] == f"../../{wheel.name}#sha256={_sha(wheel)}"
+    assert link["data-core-metadata"] == f"sha256={_sha(meta)}"
+    assert link["data-dist-info-metadata"] == f"sha256={_sha(meta)}"
+    requires = [
+        ln.split(":", 1)[1].strip()
+        for ln in meta.read_text().splitlines()
+        if ln.startswith("Requires-Python:")
+    ]
+    assert [link["data-requires-python"]] == requires  # unescaped by the parser
+
+
+WRITTEN = ["{wheel}.metadata", "simple/index.html", "simple/vllm/index.html"]
+
+
+def test_index_pages_hashes_and_metadata(tmp_path):
+    dist = tmp_path / "dist"
+    wheel = make_wheel(dist)
+    (dist / "SHA256SUMS").write_text(f"{_sha(wheel)}  {wheel.name}\n")
+    written = write_index(dist, [wheel])
+    assert [p.as_posix() for p in written] == [w.format(wheel=wheel.name) for w in WRITTEN]
+    check_index(dist, wheel)
+    # nothing else was left: the wheel, SHA256SUMS and what it returned
+    assert sorted(_tree(dist)) == sorted(
+        [wheel.name, "SHA256SUMS", *(p.as_posix() for p in written)]
+    )
+
+
+def test_same_wheel_same_bytes(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    wheel = make_wheel(one)
+    write_index(one, [wheel])
+    first = _tree(one)
+    # another folder, another time stamp, the wheel listed twice: same bytes
+    two.mkdir()
+    shutil.copyfile(wheel, two / wheel.name)
+    os.utime(two / wheel.name, (1_000_000_000, 1_000_000_000))
+    write_index(two, [two / wheel.name, two / wheel.name])
+    assert _tree(two) == first
+    # again in place: same bytes, no temporary file left
+    write_index(one, [wheel])
+    assert _tree(one) == first
+
+
+def test_a_new_wheel_replaces_the_old_ones_metadata(tmp_path):
+    dist = tmp_path / "dist"
+    old = make_wheel(dist, "0.0.1+tpfix.1")
+    write_index(dist, [old])
+    new = make_wheel(dist, "0.0.1+tpfix.2")
+    old.unlink()  # as package.publish removes an older wheel
+    write_index(dist, [new])
+    assert sorted(_tree(dist)) == sorted([new.name, *(w.format(wheel=new.name) for w in WRITTEN)])
+    check_index(dist, new)
+
+
+def test_two_wheels_one_project_page(tmp_path):
+    dist = tmp_path / "dist"
+    a = make_wheel(dist, "0.0.1+tpfix.1")
+    b = make_wheel(dist, "0.0.2+tpfix.1")
+    write_index(dist, [b, a])
+    hrefs = [x["href"].split("#")[0] for x in anchors(dist / "simple" / "vllm" / "index.html")]
+    assert sorted(hrefs) == [f"../../{a.name}", f"../../{b.name}"]
+
+
+def test_a_wheel_outside_dist_is_refused(tmp_path):
+    wheel = make_wheel(tmp_path / "elsewhere")
+    (tmp_path / "dist").mkdir()
+    with pytest.raises(Fail, match="not in"):
+        write_index(tmp_path / "dist", [wheel])
+    with pytest.raises(Fail, match="no wheels"):
+        write_index(tmp_path / "dist", [])
+    assert list((tmp_path / "dist").iterdir()) == []
+
+
+def test_cli_indexes_the_wheels_of_dist(tmp_path):
+    dist = tmp_path / "dist"
+    wheel = make_wheel(dist)
+    # another line's wheels in dist/<tag>/ are not this folder's
+    make_wheel(dist / "v0.0.2", "0.0.2+tpfix.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpfix.index", str(dist)], text=True, capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(dist / w.format(wheel=wheel.name)) for w in WRITTEN]
+    check_index(dist, wheel)
+
+
+class _Server:
+    """http.server publishing `folder` on 127.0.0.1 (a free port), in a
+    thread; `paths` are the requests it answered, in order."""
+
+    def __init__(self, folder: Path):
+        self.paths: list[tuple[str, int]] = []
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_request(self, code="-", size="-"):
+                server.paths.append((self.path, int(code)))
+
+            def log_message(self, *args):
+                pass
+
+        handler = functools.partial(Handler, directory=str(folder))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def pip_dry_run(dist: Path, requirement: str, tmp: Path) -> tuple[dict, list, str, str]:
+    """`pip install --dry-run` of `requirement` from `dist`'s index only: the
+    report, the requests the server answered, and pip's output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PYTHONNOUSERSITE="1")
+    report = tmp / "report.json"
+    with _Server(dist) as server:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--isolated",  # no user config, no PIP_* variables
+                "--disable-pip-version-check",
+                "--no-cache-dir",
+                "--no-input",
+                "install",
+                "--dry-run",
+                "--no-deps",
+                "--ignore-installed",
+                "--index-url",
+                f"{server.url}/simple",
+                "--report",
+                str(report),
+                requirement,
+            ],
+            env=env,
+            cwd=tmp,
+            text=True,
+            capture_output=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(report.read_text()), server.paths, proc.stdout, server.url
+
+
+def check_pip_used_the_index(dist: Path, wheel: Path, version: str, tmp: Path) -> None:
+    report, paths, out, url = pip_dry_run(dist, f"vllm=={version}", tmp)
+    (item,) = report["install"]
+    assert item["metadata"]["name"] == "vllm"
+    assert item["metadata"]["version"] == version
+    quoted = wheel.name.replace("+", "%2B")
+    assert item["download_info"]["url"] == f"{url}/{quoted}"
+    assert item["download_info"]["archive_info"]["hashes"] == {"sha256": _sha(wheel)}
+    assert f"Would install vllm-{version}" in out
+    # the resolver read the .metadata file (PEP 658/714), not the wheel: it
+    # is asked for first, and pip says it took the dependency information
+    # from it.  pip before pypa/pip#13482 (the build venv's 23.2.1) still
+    # fetches the wheel after resolving, even with --dry-run (pypa/pip#12603)
+    got = [p for p, code in paths if code == 200]
+    assert got[:2] == ["/simple/vllm/", f"/{quoted}.metadata"], paths
+    assert f"Obtaining dependency information for vllm=={version} from {url}/{quoted}.metadata" in (
+        out
+    )
+    assert set(got) <= {"/simple/vllm/", f"/{quoted}.metadata", f"/{quoted}"}, paths
+
+
+def test_pip_resolves_from_the_served_dist_folder(tmp_path):
+    dist = tmp_path / "dist"
+    wheel = make_wheel(dist)
+    write_index(dist, [wheel])
+    check_pip_used_the_index(dist, wheel, VERSION, tmp_path)
+
+
+@pytest.mark.slow
+def test_pip_resolves_the_built_wheel_from_its_index(built_wheel: Path, tmp_path):
+    """The real wheel of ./build.sh (a hard link in a folder of its own: the
+    shared build's dist/ stays as the build left it)."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    wheel = dist / built_wheel.name
+    try:
+        os.link(built_wheel, wheel)
+    except OSError:
+        shutil.copyfile(built_wheel, wheel)
+    written = write_index(dist, [wheel])
+    assert [p.as_posix() for p in written] == [w.format(wheel=wheel.name) for w in WRITTEN]
+    check_index(dist, wheel)
+    again = _tree(dist / "simple")
+    write_index(dist, [wheel])
+    assert _tree(dist / "simple") == again
+    version = read_version(ROOT / "VERSION")
+    assert wheel.name.startswith(f"vllm-{version}-")
+    check_pip_used_the_index(dist, wheel, version, tmp_path)
