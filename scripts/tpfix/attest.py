@@ -5,8 +5,9 @@
 For the wheel (`<wheel>.provenance.json`) and the image
 (`<image>.provenance.json`), built with in-toto-attestation's bindings:
   * subject: the artifact's file name and sha256 (the image: its config digest);
-  * buildDefinition: our build type, the command line and the line, arch and
-    VERSION as external parameters; SOURCE_DATE_EPOCH and the build tools'
+  * buildDefinition: our build type, the command line (less the options
+    that only name output folders or the key) and the line, arch and VERSION
+    as external parameters; SOURCE_DATE_EPOCH and the build tools'
     versions as internal ones; as resolved dependencies the pinned sdist
     and official wheel, every patch of the series (sha256 of each file) and,
     for the image, the base image and the wheel;
@@ -142,9 +143,22 @@ def statement(
     return json_format.MessageToDict(stmt.pb)
 
 
-def build_command() -> str:
-    """How this build was started (build.sh runs tpfix.pipeline with its arguments)."""
-    return shlex.join(["./build.sh", *sys.argv[1:]])
+# Options that only say where outputs go: they cannot change a byte of an
+# artifact, and left in they would make the statement differ per folder.
+_OUTPUT_OPTIONS = ("--dist", "--workdir", "--image-dir", "--sign-key")
+
+
+def build_command(argv: list[str] | None = None) -> str:
+    """How this build was started (build.sh runs tpfix.pipeline with its
+    arguments), less the output folders and the signing key's path."""
+    args, out = list(sys.argv[1:] if argv is None else argv), []
+    while args:
+        a = args.pop(0)
+        if a in _OUTPUT_OPTIONS:
+            args = args[1:]
+        elif not a.startswith(tuple(o + "=" for o in _OUTPUT_OPTIONS)):
+            out.append(a)
+    return shlex.join(["./build.sh", *out])
 
 
 def dumps(stmt: dict) -> str:
