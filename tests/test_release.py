@@ -383,7 +383,7 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str, monkeypatch):
         fake = type(line)(line.version_file, line.pins, repo / "patches")
         report = advisories.audit([("vllm", "0.27.1")], "osv", osv)
         dist, wheel, _, _ = _publish_small(tmp_path / state)
-        vex = json.loads(advisories.vex(report, wheel, fake))
+        vex = json.loads(advisories.vex(report, dist / f"{wheel.name}.cdx.json", fake))
         (v,) = vex["vulnerabilities"]
         assert v["analysis"]["state"] == state
         assert want_detail in v["analysis"]["detail"]

@@ -5,11 +5,13 @@
     python -m tpfix.advisories                  # the default line's dist/
     python -m tpfix.advisories --line v0.33.0   # dist/v0.33.0/
     python -m tpfix.advisories --requirements PINNED.txt   # a given pinned set
+    python -m tpfix.advisories --image dist/image/NAME.cdx.json   # an image's environment
     python -m tpfix.advisories --service osv [--osv-url URL]
 
 1. The dependency set: pip resolves the wheel's requirements as its users
    get them (the image's Python and platform, binary wheels only; pip's
-   `--dry-run --report`), or `--requirements` gives it pinned.  vLLM itself
+   `--dry-run --report`), or `--requirements` gives it pinned, or `--image`
+   takes every Python distribution the image's SBOM lists.  vLLM itself
    is audited as its upstream version: scanners read 0.27.1+tpfix.3 as
    0.27.1, so its advisories are ours unless the series fixes them.
 2. pip-audit checks each pinned project against the advisory service (the
@@ -19,7 +21,8 @@
      <wheel>.vex.cdx.json      CycloneDX VEX: each advisory, the component it
                                affects (BOM-Link into <wheel>.cdx.json) and
                                our analysis from the line's advisories.toml
-   An advisory advisories.toml does not name is `in_triage`.
+   An advisory advisories.toml does not name is `in_triage`.  With --image,
+   both are named after the image's SBOM, in dist/image/.
 
 Advisory data changes every day while the wheel does not, so this is a
 separate step, not part of ./build.sh: the SBOM stays reproducible and a
@@ -200,8 +203,18 @@ def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
     return path, out
 
 
-def vex(report: dict, wheel: Path, line: Line) -> str:
-    """CycloneDX VEX for the report's advisories, linked to the wheel's SBOM."""
+def image_pins(bom_path: Path) -> list[tuple[str, str]]:
+    """The Python distributions an image's SBOM lists (tpfix.sbom.image_bom)."""
+    doc = json.loads(bom_path.read_text())
+    return sorted(
+        (c["name"], c["version"])
+        for c in doc.get("components", [])
+        if c.get("purl", "").startswith("pkg:pypi/") and c.get("version")
+    )
+
+
+def vex(report: dict, bom_path: Path, line: Line) -> str:
+    """CycloneDX VEX for the report's advisories, linked to the SBOM at `bom_path`."""
     from cyclonedx.model.bom import Bom
     from cyclonedx.model.impact_analysis import (
         ImpactAnalysisJustification,
@@ -217,15 +230,17 @@ def vex(report: dict, wheel: Path, line: Line) -> str:
 
     from tpfix import sbom
 
-    sbom_doc = json.loads((wheel.parent / f"{wheel.name}.cdx.json").read_text())
+    sbom_doc = json.loads(bom_path.read_text())
     serial = sbom_doc["serialNumber"].removeprefix("urn:uuid:")
     root_ref = sbom_doc["metadata"]["component"]["bom-ref"]
     refs = {c["name"].lower(): c["bom-ref"] for c in sbom_doc.get("components", [])}
+    if sbom_doc["metadata"]["component"]["name"] == "vllm":  # a wheel's: vllm is the root
+        refs["vllm"] = root_ref
     triage_file, triage = load_triage(line)
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"tpfix:vex:{serial}"))
     for dep in report["dependencies"]:
         name = dep["name"].lower()
-        ref = root_ref if name == "vllm" else refs.get(name, f"pkg:pypi/{name}@{dep['version']}")
+        ref = refs.get(name, f"pkg:pypi/{name}@{dep['version']}")
         for v in dep.get("vulns", []):
             ids = [v["id"], *v.get("aliases", [])]
             entry = next((triage[i] for i in ids if i in triage), None)
@@ -269,26 +284,30 @@ def vex(report: dict, wheel: Path, line: Line) -> str:
     return sbom.dumps(bom)
 
 
-def write_report(dist: Path, wheel: Path, report: dict, vex_text: str) -> list[Path]:
-    """Both files into dist/ (atomically, each), then SHA256SUMS with them."""
+def write_report(dist: Path, bom_path: Path, report: dict, vex_text: str) -> list[Path]:
+    """Both files beside the SBOM (atomically, each), then SHA256SUMS with them."""
+    stem = bom_path.name.removesuffix(".cdx.json")
+    folder = bom_path.parent.relative_to(dist)
     files = {
-        f"{wheel.name}.advisories.json": json.dumps(report, indent=2, sort_keys=True) + "\n",
-        f"{wheel.name}.vex.cdx.json": vex_text,
+        folder / f"{stem}.advisories.json": json.dumps(report, indent=2, sort_keys=True) + "\n",
+        folder / f"{stem}.vex.cdx.json": vex_text,
     }
-    for name, text in files.items():
-        tmp = dist / f".{name}.tmp"
+    for rel, text in files.items():
+        tmp = dist / rel.parent / f".{rel.name}.tmp"
         tmp.write_text(text)
-        tmp.replace(dist / name)
-    listed = [p for p in read_sums(dist) if p.name not in files]
-    write_sums(dist, [*listed, *(Path(n) for n in files)])
-    return [dist / n for n in files]
+        tmp.replace(dist / rel)
+    listed = [p for p in read_sums(dist) if p not in files]
+    write_sums(dist, [*listed, *files])
+    return [dist / rel for rel in files]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
-    ap.add_argument("--requirements", type=Path, help="audit this pinned set instead of resolving")
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--requirements", type=Path, help="audit this pinned set (name==version)")
+    what.add_argument("--image", type=Path, help="audit the environment an image's SBOM lists")
     ap.add_argument("--service", default="pypi", choices=["pypi", "osv"])
     ap.add_argument("--osv-url", help="an OSV-compatible API (with --service osv)")
     args = ap.parse_args()
@@ -296,13 +315,22 @@ def main() -> None:
     dist = args.dist or line.dist
     with dist_lock(dist, "audit another folder: --dist DIR"):
         wheel = the_wheel(dist)
-        pins = read_requirements(args.requirements) if args.requirements else resolve(wheel)
+        bom_path = (dist / f"{wheel.name}.cdx.json").resolve()
+        if args.image:
+            bom_path = args.image.resolve()
+            if not bom_path.is_relative_to(dist.resolve()):
+                raise Fail(f"{args.image} is not in {dist}: the report goes beside it")
+            pins = image_pins(bom_path)
+        elif args.requirements:
+            pins = read_requirements(args.requirements)
+        else:
+            pins = resolve(wheel)
         pins = as_upstream(pins)
         print(
             f"auditing {len(pins)} projects against {args.osv_url or args.service}", file=sys.stderr
         )
         report = audit(pins, args.service, args.osv_url)
-        for path in write_report(dist, wheel, report, vex(report, wheel, line)):
+        for path in write_report(dist.resolve(), bom_path, report, vex(report, bom_path, line)):
             print(path)
         found = sum(len(d.get("vulns", [])) for d in report["dependencies"])
         print(f"{found} known advisories in {len(pins)} projects", file=sys.stderr)
