@@ -6,10 +6,14 @@
 #
 # Build it with  ./build.sh --image  (or python -m tpfix.image once dist/ holds the
 # wheel): scripts/tpfix/image.py stages the build context, .dist-image/context/ beside dist/:
-#   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced
+#   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced, and its line
+#                                     of dist/SHA256SUMS (the only entry copied)
 #   wheels/*.whl + wheels/SHA256SUMS  requirements the series re-pins (from pins/)
 #   image_inside.py                   the steps below (scripts/tpfix/image_inside.py)
-# and passes the labels' values.  See README.md, "Container image".
+# and passes the labels' values.  Reproducible: it also passes one fixed
+# SOURCE_DATE_EPOCH (buildah --timestamp, BuildKit's SOURCE_DATE_EPOCH build
+# argument), so two builds of one commit give the same layer and config.
+# See README.md, "Container image".
 # No defaults for the base and the tag: python -m tpfix.image passes the line's
 # (vllm/vllm-openai:<tag>), so that VERSION stays the one place naming a tag.
 ARG BASE_IMAGE

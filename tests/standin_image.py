@@ -37,6 +37,11 @@ SUITE = "bookworm"
 PACKAGES = ["python3", "python3-pip"]
 FI_OLD, FI_NEW = "0.6.16.post3", "0.6.16.post4"
 CUDA = "cu130"
+# Built reproducibly, like our image (fixed timestamps, no io.buildah.version
+# label): what test_image.py finds in our image's config is then ours or the
+# base's, never the stand-in builder's.
+EPOCH = 1577836800  # 2020-01-01, the fake wheels' date
+BUD_FLAGS = ["--timestamp", str(EPOCH), "--identity-label=false"]
 
 CONTAINERFILE = """\
 FROM scratch
@@ -152,6 +157,7 @@ def standin_base(buildah: str = "buildah", tag: str | None = None) -> str:
         ctx = Path(tmp)
         inputs = _inputs(ctx, tag)
         key = hashlib.sha256(CONTAINERFILE.encode() + fs.name.encode())
+        key.update(" ".join(BUD_FLAGS).encode())
         for p in sorted(inputs, key=lambda p: p.name):
             key.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
         ref = f"localhost/vllm-standin-base:{key.hexdigest()[:16]}"
@@ -168,7 +174,7 @@ def standin_base(buildah: str = "buildah", tag: str | None = None) -> str:
         _link(fs, ctx / "rootfs.tar")
         (ctx / "Containerfile").write_text(CONTAINERFILE)
         proc = subprocess.run(
-            [buildah, "bud", "--isolation", "chroot", "-t", ref, str(ctx)],
+            [buildah, "bud", "--isolation", "chroot", *BUD_FLAGS, "-t", ref, str(ctx)],
             text=True,
             capture_output=True,
         )

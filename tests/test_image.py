@@ -21,10 +21,12 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -421,3 +423,212 @@ def test_build_sh_has_the_image_option():
         capture_output=True,
     )
     assert "--image" in proc.stdout and "--flashinfer-index" in proc.stdout
+
+
+# --- SHA256SUMS with more entries than the wheel ------------------------------------
+
+
+def _sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0) -> Path:
+    """dist/ as ./build.sh will write it: the wheel and other files, all in SHA256SUMS."""
+    files = {
+        wheel_name: wheel_bytes,
+        f"{wheel_name}.cdx.json": b'{"bomFormat": "CycloneDX"}\n',
+        f"{wheel_name}.provenance.json": b'{"_type": "https://in-toto.io/Statement/v1"}\n',
+        "simple/vllm/index.html": f'<a href="../../{wheel_name}">{wheel_name}</a>\n'.encode(),
+        "simple/index.html": b'<a href="vllm/">vllm</a>\n',
+    }
+    for i in range(extra):  # a second vllm wheel: an error
+        files[wheel_name.replace("-cp38-", f"-cp3{9 + i}-")] = wheel_bytes
+    lines = []
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+        lines.append(f"{hashlib.sha256(data).hexdigest()}  {rel}\n")
+    (folder / "SHA256SUMS").write_text("".join(lines))
+    return folder
+
+
+def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
+    """find_wheel (host) and image_inside.check_wheel (in the build) pick the one
+    top-level vllm-*.whl line among SBOM, provenance and index entries; none, two,
+    or a malformed line is a clear error.  No build: an inline SHA256SUMS."""
+    from tpfix import image_inside
+
+    version = read_version()
+    name = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    data = b"not really a wheel"
+    dist = _sums_dist(tmp_path / "ctx" / "dist", name, data)
+    assert image.find_wheel(dist) == (dist / name, hashlib.sha256(data).hexdigest())
+    assert image_inside.check_wheel(str(dist.parent), version) == str(dist / name)
+
+    two = _sums_dist(tmp_path / "two" / "dist", name, data, extra=1)
+    with pytest.raises(Fail, match=r"lists 2 vllm wheels \(vllm-\*\.whl\), expected exactly one"):
+        image.find_wheel(two)
+    with pytest.raises(image_inside.Fail, match=r"lists 2 vllm wheels .*expected exactly one"):
+        image_inside.check_wheel(str(two.parent), version)
+
+    none = tmp_path / "none" / "dist"
+    none.mkdir(parents=True)
+    sums = "".join(ln for ln in (dist / "SHA256SUMS").open() if not ln.rstrip().endswith(".whl"))
+    (none / "SHA256SUMS").write_text(sums)
+    with pytest.raises(Fail, match=r"lists 0 vllm wheels .*\(none among 4 entries\)"):
+        image.find_wheel(none)
+    with pytest.raises(image_inside.Fail, match=r"lists 0 vllm wheels"):
+        image_inside.check_wheel(str(none.parent), version)
+
+    (none / "SHA256SUMS").write_text(sums + "garbage line\n")
+    with pytest.raises(Fail, match=r"SHA256SUMS, line 5: not `<sha256>  <path>`"):
+        image.find_wheel(none)
+    with pytest.raises(image_inside.Fail, match=r"SHA256SUMS, line 5: not"):
+        image_inside.check_wheel(str(none.parent), version)
+
+
+def test_context_holds_only_what_the_image_needs(dist, tmp_path):
+    """From a dist/ whose SHA256SUMS lists SBOM, provenance and index files too,
+    the build context gets the wheel and its SHA256SUMS line only."""
+    wheel, digest = image.find_wheel(dist)
+    full = _sums_dist(tmp_path / "dist", wheel.name, b"")
+    (full / wheel.name).unlink()
+    (full / wheel.name).hardlink_to(wheel)
+    sums = (full / "SHA256SUMS").read_text().replace(hashlib.sha256(b"").hexdigest(), digest, 1)
+    (full / "SHA256SUMS").write_text(sums)
+    ctx = tmp_path / "ctx"
+    image.stage_context(full, ctx, host_arch())
+    staged = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
+    repinned = sorted(str(p.relative_to(ctx)) for p in (ctx / "wheels").glob("*.whl"))
+    assert repinned and all(p.startswith("wheels/flashinfer_python-") for p in repinned)
+    assert staged == sorted(
+        [f"dist/{wheel.name}", "dist/SHA256SUMS", "image_inside.py", "wheels/SHA256SUMS"] + repinned
+    )
+    assert (ctx / "dist" / "SHA256SUMS").read_text() == f"{digest}  {wheel.name}\n"
+
+
+# --- reproducible builds and the inventory ---------------------------------------------
+
+
+def _digests(buildah: str, ref: str) -> dict:
+    """What the reproducibility test compares, straight from local storage."""
+    d = json.loads(
+        subprocess.run(
+            [buildah, "inspect", "--type", "image", ref], text=True, capture_output=True, check=True
+        ).stdout
+    )
+    manifest = json.loads(d["Manifest"])
+    return {
+        "manifest layers": [x["digest"] for x in manifest["layers"]],
+        "config diff_ids": d["OCIv1"]["rootfs"]["diff_ids"],
+        "config digest": manifest["config"]["digest"],
+        "config": d["OCIv1"],
+    }
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path, monkeypatch):
+    """Two builds of this commit from the same dist/, the second after the first
+    was removed from local storage (its image and with it its layer), give the
+    same top-layer digest (manifest layer digests and config rootfs.diff_ids,
+    every layer), the same image config digest and a byte-identical docker-archive.
+
+    Both use SOURCE_DATE_EPOCH from the environment, one second after the
+    default one the session's image used: so neither can reuse that image, and
+    its top layer, whose only difference is every file's mtime, must differ."""
+    epoch = image.source_date_epoch() + 1
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(epoch))
+    ref = "localhost/vllm-tpfix-test:reproducible"
+    subprocess.run([buildah, "rmi", ref], capture_output=True)  # a killed run's
+    runs = []
+    try:
+        for n in (1, 2):
+            b = image.build_image(
+                dist=dist,
+                base=base,
+                tag=ref,
+                flashinfer_index=fi_index,
+                archive_dir=tmp_path / f"out{n}",
+                engine="buildah",
+                ctx=tmp_path / f"ctx{n}",
+            )
+            runs.append(_digests(buildah, ref) | {"archive": _sha_file(b.archive)})
+            if n == 1:
+                b.archive.unlink()  # ~1 GB
+                subprocess.run([buildah, "rmi", ref], capture_output=True, check=True)
+                gone = subprocess.run(
+                    [buildah, "inspect", "--type", "image", runs[0]["config digest"]],
+                    capture_output=True,
+                )
+                assert gone.returncode != 0, "the first image is still in local storage"
+        first, second = runs
+        for key in ("manifest layers", "config diff_ids", "config digest", "archive"):
+            assert first[key] == second[key], key
+        assert first["manifest layers"] == first["config diff_ids"]  # uncompressed, in storage
+        # Sensitive: with the session's epoch, the same base layers and another top layer.
+        session = _digests(buildah, built.ref)
+        assert session["config diff_ids"][:-1] == first["config diff_ids"][:-1]
+        assert session["config diff_ids"][-1] != first["config diff_ids"][-1]
+        # Every timestamp is the epoch; nothing names the build host or buildah.
+        config = second["config"]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+        assert config["created"] == stamp
+        ours = config["history"][len(_digests(buildah, base)["config"]["history"]) :]
+        assert ours and all(h["created"] == stamp for h in ours), ours
+        assert "io.buildah.version" not in (config["config"].get("Labels") or {})
+        text = json.dumps(config)
+        host = socket.gethostname()
+        assert len(host) < 4 or host not in text, host
+        with tarfile.open(b.archive) as arc:
+            manifest = json.load(arc.extractfile("manifest.json"))
+            with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
+                mtimes = {m.name: m.mtime for m in layer.getmembers()}
+        assert mtimes and set(mtimes.values()) == {epoch}, mtimes
+    finally:
+        subprocess.run([buildah, "rmi", ref], capture_output=True)
+
+
+def test_image_inventory(buildah, built, base):
+    """image_inventory reads the built image itself: vllm at our VERSION, the
+    stand-in's FlashInfer packages (at the version the series pins; the base's
+    own inventory has the old one), the base's name and digest, real digests."""
+    eng = image.Engine("buildah", buildah)
+    containers = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
+    inv = image.image_inventory(eng, built.ref, base)
+    sha = re.compile(r"^sha256:[0-9a-f]{64}$")
+    assert inv["base"]["name"] == base
+    assert sha.match(inv["base"]["digest"]), inv["base"]
+    annotations = json.loads(
+        subprocess.run(
+            [buildah, "inspect", "--type", "image", built.ref], text=True, capture_output=True
+        ).stdout
+    )["ImageAnnotations"]
+    assert inv["base"]["digest"] == annotations["org.opencontainers.image.base.digest"]
+    assert inv["image"]["ref"] == built.ref
+    assert sha.match(inv["image"]["config_digest"]), inv["image"]
+    assert inv["image"]["layers"] and all(sha.match(x) for x in inv["image"]["layers"])
+    assert inv["image"]["config_digest"] == _digests(buildah, built.ref)["config digest"]
+    dists = {p["name"]: p for p in inv["python"]}
+    assert dists["vllm"]["version"] == read_version()
+    assert re.match(r"^/usr/local/lib/python3\.\d+/dist-packages$", dists["vllm"]["location"])
+    new, old = standin_image.FI_NEW, standin_image.FI_OLD
+    fi = {n: p["version"] for n, p in dists.items() if n.startswith("flashinfer")}
+    assert fi == {
+        "flashinfer-python": new,
+        "flashinfer-cubin": new,
+        "flashinfer-jit-cache": f"{new}+{standin_image.CUDA}",
+    }
+    assert "pip" in dists  # the base's own distributions too, not just ours
+    # The base, inventoried the same way (its own base, scratch, has no digest).
+    theirs = image.image_inventory(eng, base, "scratch")
+    assert theirs["base"] == {"name": "scratch", "digest": None}
+    assert theirs["image"]["layers"] == inv["image"]["layers"][:-1]
+    assert theirs["image"]["config_digest"] != inv["image"]["config_digest"]
+    before = {p["name"]: p["version"] for p in theirs["python"]}
+    assert before["vllm"] == TAG.lstrip("v") and before["flashinfer-python"] == old
+    assert before["flashinfer-cubin"] == old
+    after = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
+    assert after.stdout == containers.stdout, "image_inventory left a working container"

@@ -7,13 +7,29 @@
     python -m tpfix.image --measure             # + our layer vs a plain reinstall
     ./build.sh --image [same options]             # the wheel, then the image
 
-Stages the build context in .<dist>-image/context/ beside dist/ (the wheel and SHA256SUMS
-from dist/, hash-pinned wheels of the requirements the series re-pins, the
+Stages the build context in .<dist>-image/context/ beside dist/ (the wheel and its
+SHA256SUMS line from dist/, hash-pinned wheels of the requirements the series re-pins, the
 in-build steps scripts/tpfix/image_inside.py), then builds the Dockerfile with
 docker (buildx) where an engine answers, otherwise daemonless with buildah or
 podman (--isolation chroot) and writes a loadable docker-archive to
 dist/image/<name>.tar.  The wheel is checked against SHA256SUMS inside the
-build; a missing wheel or a mismatch stops it with a message.
+build; a missing wheel or a mismatch stops it with a message.  SHA256SUMS may
+list other files beside the wheel (SBOM, provenance, index pages): the wheel
+is its one top-level `vllm-*.whl` entry, and the context gets only that file
+and that line.
+
+Reproducible: two builds from the same commit and the same dist/ give the same
+layer and the same image config.  Every timestamp (config `created`, history,
+the mtime of every file in the added layer) is SOURCE_DATE_EPOCH: the
+environment's if set, otherwise the wheel's own (tpfix.build.source_date_epoch:
+the mtime of PKG-INFO in the line's pinned upstream sdist, the value
+./build.sh gives setup.py), so wheel and image share one epoch.  buildah /
+podman: `--timestamp N --identity-label=false` (no io.buildah.version label),
+which also makes the docker-archive `buildah push` writes byte-identical;
+docker: `--build-arg SOURCE_DATE_EPOCH=N`, and with buildx
+`--output type=docker,rewrite-timestamp=true` (BuildKit >= 0.13) in place of
+`--load`.  `image_inventory` lists what the built image holds (base digest,
+config and layer digests, every Python distribution) for an SBOM.
 """
 
 from __future__ import annotations
@@ -76,16 +92,43 @@ def default_tag(version: str | None = None) -> str:
     return f"vllm-openai:v{(version or read_version()).replace('+', '-')}"
 
 
+_SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_WHEEL_NAME = re.compile(r"^vllm-[^/]+\.whl$")
+
+
+def read_sums(sums: Path) -> list[tuple[str, str, str]]:
+    """(path, sha256, the line as written) of each entry of a `sha256sum` file
+    ("<hex>  <relpath>", or "<hex> *<relpath>")."""
+    out = []
+    for n, line in enumerate(sums.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _SUMS_LINE.match(line)
+        if not m:
+            raise Fail(f"{sums}, line {n}: not `<sha256>  <path>`: {line!r}; rerun ./build.sh")
+        out.append((m.group(2), m.group(1).lower(), line))
+    return out
+
+
+def wheel_entry(sums: Path) -> tuple[str, str, str]:
+    """The one top-level vllm-*.whl entry of SHA256SUMS: (name, sha256, line)."""
+    entries = read_sums(sums)
+    wheels = [e for e in entries if _WHEEL_NAME.match(e[0])]
+    if len(wheels) != 1:
+        listed = ", ".join(e[0] for e in wheels) or f"none among {len(entries)} entries"
+        raise Fail(
+            f"{sums} lists {len(wheels)} vllm wheels (vllm-*.whl), expected exactly one "
+            f"({listed}); rerun ./build.sh"
+        )
+    return wheels[0]
+
+
 def find_wheel(dist: Path) -> tuple[Path, str]:
-    """The wheel SHA256SUMS names (the in-build check repeats this)."""
+    """The wheel SHA256SUMS names and its sha256 (the in-build check repeats this)."""
     sums = dist / "SHA256SUMS"
     if not sums.exists():
         raise Fail(f"{sums} is missing: build the wheel first (./build.sh)")
-    entries = [line.split() for line in sums.read_text().splitlines() if line.strip()]
-    wheels = [(n.lstrip("*"), h) for h, n in entries if n.lstrip("*").startswith("vllm-")]
-    if len(wheels) != 1:
-        raise Fail(f"{sums} lists {len(wheels)} vllm wheels, expected one; rerun ./build.sh")
-    name, digest = wheels[0]
+    name, digest, _ = wheel_entry(sums)
     if not (dist / name).exists():
         raise Fail(f"{dist / name} (listed in {sums}) is missing: rerun ./build.sh")
     return dist / name, digest
@@ -168,7 +211,9 @@ def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) ->
         shutil.rmtree(ctx)
     (ctx / "dist").mkdir(parents=True)
     _link_or_copy(wheel, ctx / "dist" / wheel.name)
-    shutil.copy2(dist / "SHA256SUMS", ctx / "dist" / "SHA256SUMS")
+    # Only the wheel's line: the other files SHA256SUMS lists (SBOM, provenance,
+    # index pages) stay out of the context and so out of the build.
+    (ctx / "dist" / "SHA256SUMS").write_text(wheel_entry(dist / "SHA256SUMS")[2] + "\n")
     shutil.copy2(INSIDE, ctx / "image_inside.py")
     pins = repins(wheel, fetch_wheel(arch, line.tag))
     if pins:
@@ -189,6 +234,19 @@ def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) ->
         "SERIES_SHA256": series_sha,
         "WHEEL_SHA256": digest,
     }
+
+
+def source_date_epoch(line: Line | None = None) -> int:
+    """$SOURCE_DATE_EPOCH, else the wheel's epoch: the mtime of PKG-INFO in the
+    line's pinned upstream sdist (tpfix.build.source_date_epoch, as ./build.sh)."""
+    from tpfix.build import source_date_epoch as wheel_epoch
+    from tpfix.fetch import fetch_sdist
+
+    if env := os.environ.get("SOURCE_DATE_EPOCH"):
+        if not env.isdigit():
+            raise Fail(f"SOURCE_DATE_EPOCH={env!r}: expected seconds since 1970 (digits)")
+        return int(env)
+    return int(wheel_epoch(fetch_sdist((line or get_line()).tag)))
 
 
 # --- engines -----------------------------------------------------------------
@@ -233,14 +291,29 @@ def detect_engine(prefer: str = "auto") -> Engine:
 
 
 def build_cmd(
-    eng: Engine, dockerfile: Path, ctx: Path, tag: str, args: dict[str, str]
+    eng: Engine,
+    dockerfile: Path,
+    ctx: Path,
+    tag: str,
+    args: dict[str, str],
+    epoch: int | None = None,
 ) -> list[str]:
+    """The build command; with `epoch`, a reproducible one (every timestamp is
+    `epoch`, no build-host identity)."""
+    args = dict(args)
     if eng.name == "docker":
-        cmd = [eng.exe, "buildx", "build", "--load"] if eng.buildx else [eng.exe, "build"]
-    elif eng.name == "buildah":
-        cmd = [eng.exe, "bud", "--isolation", "chroot"]
+        if not eng.buildx:
+            cmd = [eng.exe, "build"]
+        elif epoch is None:
+            cmd = [eng.exe, "buildx", "build", "--load"]
+        else:  # --load, with file mtimes clamped to SOURCE_DATE_EPOCH too
+            cmd = [eng.exe, "buildx", "build", "--output", "type=docker,rewrite-timestamp=true"]
+        if epoch is not None:
+            args["SOURCE_DATE_EPOCH"] = str(epoch)  # BuildKit: config and history times
     else:
-        cmd = [eng.exe, "build", "--isolation", "chroot"]
+        cmd = [eng.exe, "bud" if eng.name == "buildah" else "build", "--isolation", "chroot"]
+        if epoch is not None:
+            cmd += ["--timestamp", str(epoch), "--identity-label=false"]
     if eng.daemonless and CA_BUNDLE.exists():
         # pip inside a chroot build (FlashInfer's index) needs the host's CAs.
         cmd += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
@@ -318,6 +391,100 @@ def save_archive(eng: Engine, ref: str, out: Path) -> Path:
     return out
 
 
+# --- inventory (for an SBOM) -------------------------------------------------------
+
+# Run by the image's own python3 (stdlib only, Python >= 3.8): every installed
+# distribution, one JSON list on stdout.
+_LIST_DISTS = """
+import json, sys
+from importlib import metadata
+out = []
+for d in metadata.distributions():
+    name = d.metadata["Name"]
+    if name:
+        out.append({"name": name, "version": d.version, "location": str(d.locate_file(""))})
+out.sort(key=lambda e: (e["name"].lower(), e["location"]))
+json.dump(out, sys.stdout)
+"""
+
+
+def _image_json(eng: Engine, ref: str) -> dict | None:
+    cmd = (
+        [eng.exe, "inspect", "--type", "image", ref]
+        if eng.name == "buildah"
+        else [eng.exe, "image", "inspect", ref]
+    )
+    proc = run(cmd)
+    if proc.returncode != 0:
+        return None
+    d = json.loads(proc.stdout)
+    return d[0] if isinstance(d, list) else d
+
+
+def _base_digest(eng: Engine, base: str) -> str | None:
+    """The base's manifest digest as local storage knows it (None: not there, or
+    built locally and never pulled, for docker)."""
+    d = _image_json(eng, base)
+    if d is None:
+        return None
+    if eng.name == "buildah":
+        return d.get("FromImageDigest") or None
+    if eng.name == "podman" and d.get("Digest"):
+        return d["Digest"]
+    digests = [x.split("@", 1)[1] for x in d.get("RepoDigests") or [] if "@" in x]
+    return digests[0] if digests else None  # "name@sha256:...", set when pulled
+
+
+def _python_dists(eng: Engine, ref: str) -> list[dict]:
+    if eng.name == "buildah":
+        proc = run([eng.exe, "from", "--pull=never", "--quiet", ref])
+        if proc.returncode != 0:
+            raise Fail(f"buildah cannot use {ref}: {proc.stderr.strip()}")
+        ctr = proc.stdout.strip()
+        try:
+            proc = run(
+                [eng.exe, "run", "--isolation", "chroot", ctr, "--", "python3", "-c", _LIST_DISTS]
+            )
+        finally:
+            run([eng.exe, "rm", ctr])
+    else:
+        cmd = [eng.exe, "run", "--rm", "--network", "none", "--entrypoint", "python3"]
+        proc = run([*cmd, ref, "-c", _LIST_DISTS])
+    if proc.returncode != 0:
+        raise Fail(f"could not list the Python distributions of {ref}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def image_inventory(eng: Engine, ref: str, base: str) -> dict:
+    """What the built image `ref` holds, read from the image itself (for an SBOM):
+
+    {"base": {"name": base, "digest": "sha256:..." or None},
+     "image": {"ref": ref, "config_digest": "sha256:...", "layers": ["sha256:...", ...]},
+     "python": [{"name", "version", "location"}, ...]}
+
+    `layers`: the uncompressed layer digests, base first (config rootfs.diff_ids;
+    in buildah's local storage also the manifest's layer digests).  `python`:
+    every distribution importlib.metadata finds with the image's python3, sorted
+    by name; `location` is the site-packages folder holding its metadata.  The
+    working container is always removed (buildah rm; docker/podman run --rm).
+    """
+    d = _image_json(eng, ref)
+    if d is None:
+        raise Fail(f"{eng.name} has no image {ref}")
+    if eng.name == "buildah":
+        config_digest = json.loads(d["Manifest"])["config"]["digest"]
+        layers = d["OCIv1"]["rootfs"]["diff_ids"]
+    else:
+        config_digest, layers = d["Id"], d["RootFS"]["Layers"]
+        if not config_digest.startswith("sha256:"):
+            config_digest = "sha256:" + config_digest
+    return {
+        "base": {"name": base, "digest": _base_digest(eng, base)},
+        "image": {"ref": ref, "config_digest": config_digest, "layers": list(layers)},
+        "python": _python_dists(eng, ref),
+    }
+
+
 # --- the whole job ---------------------------------------------------------------
 
 
@@ -351,9 +518,11 @@ def build_image(
     _step(f"image: stage the build context in {ctx}")
     args = stage_context(dist, ctx, arch or host_arch(), line)
     args.update(BASE_IMAGE=base, FLASHINFER_INDEX_URL=flashinfer_index)
-    _step(f"image: build {tag} on {base} ({eng.name})")
+    epoch = source_date_epoch(line)
+    _step(f"image: build {tag} on {base} ({eng.name}, SOURCE_DATE_EPOCH={epoch})")
     t0 = time.monotonic()
-    out = run_build(eng, build_cmd(eng, DOCKERFILE, ctx, tag, args), ctx.parent / "image.log")
+    cmd = build_cmd(eng, DOCKERFILE, ctx, tag, args, epoch)
+    out = run_build(eng, cmd, ctx.parent / "image.log")
     seconds = time.monotonic() - t0
     for said in out.splitlines():
         if said.startswith("image: "):

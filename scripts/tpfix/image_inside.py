@@ -123,17 +123,27 @@ def pip_vendored():
 # --- the build context ----------------------------------------------------------
 
 
+SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")  # sha256sum: "<hex>  <path>"
+WHEEL_NAME = re.compile(r"^vllm-[^/]+\.whl$")  # the wheel: top level, not an index's
+
+
 def read_sums(path: str) -> dict:
+    """{relative path: sha256} of a `sha256sum` file; a line of another form is an error."""
     sums = {}
     with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2:
-                sums[parts[1].lstrip("*")] = parts[0]
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            m = SUMS_LINE.match(line)
+            if not m:
+                raise Fail(f"{os.path.basename(path)}, line {n}: not `<sha256>  <path>`: {line!r}")
+            sums[m.group(2)] = m.group(1).lower()
     return sums
 
 
 def check_wheel(ctx: str, version: str) -> str:
+    """The one vllm-*.whl entry of dist/SHA256SUMS (other entries: other files), checked."""
     dist = os.path.join(ctx, "dist")
     sums_path = os.path.join(dist, "SHA256SUMS")
     if not os.path.isfile(sums_path):
@@ -141,9 +151,14 @@ def check_wheel(ctx: str, version: str) -> str:
             "dist/SHA256SUMS is missing from the build context: build the wheel "
             "first (./build.sh) and build the image with ./build.sh --image"
         )
-    wheels = [n for n in read_sums(sums_path) if n.startswith("vllm-") and n.endswith(".whl")]
+    sums = read_sums(sums_path)
+    wheels = sorted(n for n in sums if WHEEL_NAME.match(n))
     if len(wheels) != 1:
-        raise Fail(f"dist/SHA256SUMS lists {len(wheels)} vllm wheels, expected exactly one")
+        listed = ", ".join(wheels) or f"none among {len(sums)} entries"
+        raise Fail(
+            f"dist/SHA256SUMS lists {len(wheels)} vllm wheels (vllm-*.whl), expected "
+            f"exactly one ({listed})"
+        )
     name = wheels[0]
     path = os.path.join(dist, name)
     if not os.path.isfile(path):
@@ -151,7 +166,7 @@ def check_wheel(ctx: str, version: str) -> str:
             f"wheel missing: dist/SHA256SUMS lists {name} but the build context has no such "
             "file; rebuild it with ./build.sh"
         )
-    want, got = read_sums(sums_path)[name], sha256_file(path)
+    want, got = sums[name], sha256_file(path)
     if want != got:
         raise Fail(
             f"sha256 mismatch for {name}: SHA256SUMS says {want}, the file has {got}; "
