@@ -15,6 +15,7 @@ their own.  Needs buildah and mmdebstrap (.ci/run installs them).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -33,8 +34,8 @@ from pathlib import Path
 import pytest
 import standin_image
 
-from tpfix import image
-from tpfix.common import ROOT, TAG, Fail, cache_dir, host_arch, read_version
+from tpfix import image, package, sbom
+from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, read_version
 from tpfix.fetch import fetch_wheel
 from tpfix.patchfile import read_series
 from tpfix.replay.harness import tree_after
@@ -632,3 +633,48 @@ def test_image_inventory(buildah, built, base):
     assert before["flashinfer-cubin"] == old
     after = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
     assert after.stdout == containers.stdout, "image_inventory left a working container"
+
+
+def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base, tmp_path):
+    """package.describe_image (what `./build.sh --image` runs after the build):
+    schema-valid SBOM of the image's real environment and base, a provenance
+    statement about its config digest, both in SHA256SUMS (a copy of dist/)."""
+    dist = tmp_path / "dist"
+    shutil.copytree(built.dist, dist, copy_function=os.link)
+    b = dataclasses.replace(built, dist=dist, archive=None)
+    paths = package.describe_image(b, get_line(), base)
+    inv = image.image_inventory(built.engine, built.ref, base)
+    name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
+    assert sorted(p.relative_to(dist).as_posix() for p in paths) == [
+        f"image/{name}.cdx.json",
+        f"image/{name}.provenance.json",
+    ]
+    text = (dist / "image" / f"{name}.cdx.json").read_text()
+    sbom.validate(text)
+    doc = json.loads(text)
+    root = doc["metadata"]["component"]
+    assert root["type"] == "container"
+    assert root["hashes"][0]["content"] == inv["image"]["config_digest"].removeprefix("sha256:")
+    comps = {c["bom-ref"]: c for c in doc["components"]}
+    (base_c,) = [c for c in comps.values() if c["type"] == "container"]
+    assert base_c["name"] == base
+    assert base_c["hashes"][0]["content"] == inv["base"]["digest"].removeprefix("sha256:")
+    libs = sorted((c["name"], c["version"]) for c in comps.values() if c["type"] == "library")
+    assert libs == sorted((d["name"], d["version"]) for d in inv["python"])
+    (ours,) = [c for c in comps.values() if c["name"] == "vllm"]
+    wheel, digest = image.find_wheel(dist)
+    assert ours["version"] == read_version() and ours["hashes"][0]["content"] == digest
+    assert len(ours["pedigree"]["patches"]) == len(read_series())
+    stmt = json.loads((dist / "image" / f"{name}.provenance.json").read_text())
+    assert stmt["subject"] == [
+        {"name": built.ref, "digest": {"sha256": inv["image"]["config_digest"][7:]}}
+    ]
+    resolved = stmt["predicate"]["buildDefinition"]["resolvedDependencies"]
+    deps = {d["name"]: d["digest"]["sha256"] for d in resolved}
+    assert deps[base] == inv["base"]["digest"][7:] and deps[wheel.name] == digest
+    sums = (dist / "SHA256SUMS").read_text()
+    assert f"  image/{name}.cdx.json\n" in sums and f"  {wheel.name}\n" in sums
+    proc = subprocess.run(
+        ["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dist, capture_output=True
+    )
+    assert proc.returncode == 0, proc.stdout

@@ -53,7 +53,7 @@ import uuid
 from pathlib import Path
 
 from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown
-from tpfix.package import read_sums, write_sums
+from tpfix.package import find_wheel, listed, write_sums
 from tpfix.worklock import dist_lock
 
 STATES = {
@@ -75,15 +75,6 @@ def platforms(arch: str) -> list[str]:
         f"manylinux2014_{arch}",
         f"manylinux1_{arch}" if arch == "x86_64" else f"linux_{arch}",
     ]
-
-
-def the_wheel(dist: Path) -> Path:
-    wheels = [p for p in read_sums(dist) if p.name.startswith("vllm-") and p.suffix == ".whl"]
-    if len(wheels) != 1:
-        raise Fail(
-            f"{dist}/SHA256SUMS lists {len(wheels)} vllm wheels: build it first (./build.sh)"
-        )
-    return dist / wheels[0]
 
 
 def resolve(wheel: Path) -> list[tuple[str, str]]:
@@ -296,8 +287,8 @@ def write_report(dist: Path, bom_path: Path, report: dict, vex_text: str) -> lis
         tmp = dist / rel.parent / f".{rel.name}.tmp"
         tmp.write_text(text)
         tmp.replace(dist / rel)
-    listed = [p for p in read_sums(dist) if p not in files]
-    write_sums(dist, [*listed, *files])
+    kept = [p for p in listed(dist) if p not in files]
+    write_sums(dist, [*kept, *files])
     return [dist / rel for rel in files]
 
 
@@ -314,7 +305,7 @@ def main() -> None:
     line = get_line(args.line)
     dist = args.dist or line.dist
     with dist_lock(dist, "audit another folder: --dist DIR"):
-        wheel = the_wheel(dist)
+        wheel, _ = find_wheel(dist)
         bom_path = (dist / f"{wheel.name}.cdx.json").resolve()
         if args.image:
             bom_path = args.image.resolve()

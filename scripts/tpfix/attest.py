@@ -42,7 +42,7 @@ from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from tpfix.common import ROOT, Fail, Line, main_wrapper, run, sha256_file
+from tpfix.common import ROOT, Fail, Line, main_wrapper, revision, sha256_file, source_url
 from tpfix.patchfile import read_series
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -50,23 +50,6 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "urn:tpfix:build-type:{}:v1"  # wheel, image
 BUILDER_ID = "urn:tpfix:builder:build.sh"
 SIGNING_KEY_ENV = "TPFIX_SIGNING_KEY"
-
-
-def _git(*args: str) -> str:
-    proc = run(["git", "-C", str(ROOT), *args])
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def revision() -> str:
-    """HEAD of this repository, `-dirty` with uncommitted changes to tracked files."""
-    head = _git("rev-parse", "HEAD") or "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return head + ("-dirty" if dirty else "")
-
-
-def source_url() -> str:
-    """The `origin` remote, empty without one."""
-    return _git("remote", "get-url", "origin")
 
 
 def _rd(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescriptor:

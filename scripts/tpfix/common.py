@@ -254,6 +254,34 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, text=True, capture_output=True, **kw)
 
 
+def git(*args: str) -> str:
+    """`git -C ROOT ARGS`'s output, empty where git fails (no git, no repository)."""
+    proc = run(["git", "-C", str(ROOT), *args])
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def revision() -> str:
+    """HEAD of this repository, `-dirty` with uncommitted changes to tracked files."""
+    head = git("rev-parse", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if dirty else "")
+
+
+def source_url() -> str:
+    """The `origin` remote, empty without one."""
+    return git("remote", "get-url", "origin")
+
+
+def add_sign_arg(ap) -> None:
+    """--sign-key, for ./build.sh and tpfix.image (resolved by attest.signing_key)."""
+    ap.add_argument(
+        "--sign-key",
+        type=Path,
+        help="PEM private key: also sign the provenance (<artifact>.intoto.jsonl); "
+        "default $TPFIX_SIGNING_KEY (see scripts/tpfix/attest.py)",
+    )
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 

@@ -53,15 +53,19 @@ from tpfix.common import (
     ROOT,
     Fail,
     Line,
+    add_sign_arg,
     get_line,
     host_arch,
     line_names,
     load_pins,
     main_wrapper,
     read_version,
+    revision,
     run,
     shown,
+    source_url,
 )
+from tpfix.package import find_wheel, wheel_entry
 from tpfix.patchfile import read_series, series_digest
 from tpfix.worklock import dist_lock
 
@@ -90,48 +94,6 @@ def _step(msg: str) -> None:
 
 def default_tag(version: str | None = None) -> str:
     return f"vllm-openai:v{(version or read_version()).replace('+', '-')}"
-
-
-_SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
-_WHEEL_NAME = re.compile(r"^vllm-[^/]+\.whl$")
-
-
-def read_sums(sums: Path) -> list[tuple[str, str, str]]:
-    """(path, sha256, the line as written) of each entry of a `sha256sum` file
-    ("<hex>  <relpath>", or "<hex> *<relpath>")."""
-    out = []
-    for n, line in enumerate(sums.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        m = _SUMS_LINE.match(line)
-        if not m:
-            raise Fail(f"{sums}, line {n}: not `<sha256>  <path>`: {line!r}; rerun ./build.sh")
-        out.append((m.group(2), m.group(1).lower(), line))
-    return out
-
-
-def wheel_entry(sums: Path) -> tuple[str, str, str]:
-    """The one top-level vllm-*.whl entry of SHA256SUMS: (name, sha256, line)."""
-    entries = read_sums(sums)
-    wheels = [e for e in entries if _WHEEL_NAME.match(e[0])]
-    if len(wheels) != 1:
-        listed = ", ".join(e[0] for e in wheels) or f"none among {len(entries)} entries"
-        raise Fail(
-            f"{sums} lists {len(wheels)} vllm wheels (vllm-*.whl), expected exactly one "
-            f"({listed}); rerun ./build.sh"
-        )
-    return wheels[0]
-
-
-def find_wheel(dist: Path) -> tuple[Path, str]:
-    """The wheel SHA256SUMS names and its sha256 (the in-build check repeats this)."""
-    sums = dist / "SHA256SUMS"
-    if not sums.exists():
-        raise Fail(f"{sums} is missing: build the wheel first (./build.sh)")
-    name, digest, _ = wheel_entry(sums)
-    if not (dist / name).exists():
-        raise Fail(f"{dist / name} (listed in {sums}) is missing: rerun ./build.sh")
-    return dist / name, digest
 
 
 def requires(wheel: Path) -> list[str]:
@@ -177,17 +139,6 @@ def series_info(line: Line | None = None) -> tuple[list[str], str]:
     return names, series_digest(names, line.patches)
 
 
-def _git(*args: str) -> str:
-    proc = run(["git", "-C", str(ROOT), *args])
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def revision() -> str:
-    head = _git("rev-parse", "HEAD") or "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return head + ("-dirty" if dirty else "")
-
-
 def _link_or_copy(src: Path, dest: Path) -> None:
     try:
         os.link(src, dest)
@@ -228,7 +179,7 @@ def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) ->
     return {
         "VERSION": version,
         "REVISION": revision(),
-        "SOURCE": _git("remote", "get-url", "origin"),
+        "SOURCE": source_url(),
         "UPSTREAM_TAG": line.tag,
         "SERIES": " ".join(names),
         "SERIES_SHA256": series_sha,
@@ -603,6 +554,13 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
     print(built.ref)
     if built.archive:
         print(built.archive)
+    from tpfix.package import describe_image
+
+    _step("image: SBOM, provenance" + (" (signed)" if args.sign_key else ""))
+    for path in describe_image(
+        built, args.line, args.base or default_base(args.line), args.sign_key
+    ):
+        print(path)
     return built
 
 
@@ -611,8 +569,12 @@ def main() -> None:
     ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
     add_image_args(ap)
+    add_sign_arg(ap)
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
+    from tpfix.attest import signing_key
+
+    args.sign_key = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.

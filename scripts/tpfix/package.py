@@ -20,11 +20,12 @@ apart from files SHA256SUMS does not list yet.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from tpfix.common import Line, sha256_file
+from tpfix.common import Fail, Line, sha256_file
 
 SUMS = "SHA256SUMS"
 
@@ -87,12 +88,52 @@ def write_sums(dist: Path, files: list[Path]) -> None:
     os.replace(tmp, dist / SUMS)
 
 
-def read_sums(dist: Path) -> list[Path]:
-    """The files dist/SHA256SUMS lists (none without one)."""
-    sums = dist / SUMS
+_SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_WHEEL_NAME = re.compile(r"^vllm-[^/]+\.whl$")
+
+
+def read_sums(sums: Path) -> list[tuple[str, str, str]]:
+    """(path, sha256, the line as written) of each entry of a `sha256sum` file
+    ("<hex>  <relpath>", or "<hex> *<relpath>")."""
+    out = []
+    for n, line in enumerate(sums.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _SUMS_LINE.match(line)
+        if not m:
+            raise Fail(f"{sums}, line {n}: not `<sha256>  <path>`: {line!r}; rerun ./build.sh")
+        out.append((m.group(2), m.group(1).lower(), line))
+    return out
+
+
+def wheel_entry(sums: Path) -> tuple[str, str, str]:
+    """The one top-level vllm-*.whl entry of SHA256SUMS: (name, sha256, line)."""
+    entries = read_sums(sums)
+    wheels = [e for e in entries if _WHEEL_NAME.match(e[0])]
+    if len(wheels) != 1:
+        listed = ", ".join(e[0] for e in wheels) or f"none among {len(entries)} entries"
+        raise Fail(
+            f"{sums} lists {len(wheels)} vllm wheels (vllm-*.whl), expected exactly one "
+            f"({listed}); rerun ./build.sh"
+        )
+    return wheels[0]
+
+
+def find_wheel(dist: Path) -> tuple[Path, str]:
+    """The wheel SHA256SUMS names and its sha256 (the in-build check repeats this)."""
+    sums = dist / "SHA256SUMS"
     if not sums.exists():
-        return []
-    return [Path(ln.split("  ", 1)[1]) for ln in sums.read_text().splitlines() if "  " in ln]
+        raise Fail(f"{sums} is missing: build the wheel first (./build.sh)")
+    name, digest, _ = wheel_entry(sums)
+    if not (dist / name).exists():
+        raise Fail(f"{dist / name} (listed in {sums}) is missing: rerun ./build.sh")
+    return dist / name, digest
+
+
+def listed(dist: Path) -> list[Path]:
+    """The files dist/SHA256SUMS lists, relative to dist (none without one)."""
+    sums = dist / SUMS
+    return [Path(e[0]) for e in read_sums(sums)] if sums.exists() else []
 
 
 def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
@@ -127,7 +168,7 @@ def describe_image(built, line: Line, base: str, sign_key: Path | None = None) -
     from tpfix import attest, sbom
     from tpfix.common import host_arch, read_version
     from tpfix.fetch import fetch_sdist, fetch_wheel
-    from tpfix.image import find_wheel, image_inventory, source_date_epoch
+    from tpfix.image import image_inventory, source_date_epoch
 
     dist = built.dist
     wheel, _ = find_wheel(dist)
@@ -168,6 +209,6 @@ def describe_image(built, line: Line, base: str, sign_key: Path | None = None) -
         out.append(Path("image") / fname)
     if built.archive is not None and built.archive.parent == folder:
         out.append(Path("image") / built.archive.name)
-    listed = [p for p in read_sums(dist) if p.parts[0] != "image"]
-    write_sums(dist, [*listed, *out])
+    kept = [p for p in listed(dist) if p.parts[0] != "image"]
+    write_sums(dist, [*kept, *out])
     return [dist / p for p in out]

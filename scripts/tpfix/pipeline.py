@@ -34,6 +34,7 @@ from tpfix.common import (
     LABEL,
     Fail,
     Line,
+    add_sign_arg,
     get_line,
     host_arch,
     line_names,
@@ -163,18 +164,13 @@ def main() -> None:
     ap.add_argument(
         "--image", action="store_true", help="then build the container image (Dockerfile)"
     )
-    ap.add_argument(
-        "--sign-key",
-        type=Path,
-        help="PEM private key: also sign the provenance (<wheel>.intoto.jsonl); "
-        "default $TPFIX_SIGNING_KEY (see scripts/tpfix/attest.py)",
-    )
+    add_sign_arg(ap)
     add_image_args(ap)
     args = ap.parse_args()
     check_tools()
     from tpfix.attest import signing_key
 
-    sign_key = signing_key(args.sign_key)
+    sign_key = args.sign_key = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     args.workdir = args.workdir or line.workdir
