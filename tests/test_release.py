@@ -36,7 +36,7 @@ from in_toto_attestation.v1.statement import Statement
 from test_index import make_wheel
 
 from tpfix import advisories, attest, package, sbom
-from tpfix.common import ROOT, Fail, get_line, read_version, sdist_pin, wheel_pin
+from tpfix.common import ROOT, Fail, get_line, line_names, read_version, sdist_pin, wheel_pin
 from tpfix.patchfile import read_series
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
@@ -474,3 +474,36 @@ def test_real_advisory_source_reports_or_fails_loudly(built_wheel: Path, tmp_pat
         assert "cannot be audited" in proc.stderr or "could not be" in proc.stderr
         assert {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()} == before
     print(proc.stderr)
+
+
+@pytest.mark.parametrize("name", [n for n in line_names()])
+def test_every_lines_triage_file_loads(name: str):
+    path, entries = advisories.load_triage(get_line(name))
+    assert path.exists(), f"{path}: each line keeps its (possibly empty) triage"
+    assert isinstance(entries, dict)
+
+
+def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str):
+    """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
+    code, on an inventory written here), report and VEX beside that SBOM."""
+    dist, wheel, sdist, official = _publish_small(tmp_path)
+    inventory = {
+        "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
+        "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
+        "python": [
+            {"name": "vllm", "version": read_version(), "location": "/usr/lib"},
+            {"name": "jinja2", "version": "3.1.6", "location": "/usr/lib"},
+        ],
+    }
+    comp = sbom.wheel_component(wheel, get_line(), sdist, official)
+    (dist / "image").mkdir()
+    img = dist / "image" / "x-1.cdx.json"
+    img.write_text(sbom.dumps(sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1")))
+    proc = _advise(dist, "--image", str(img), "--service", "osv", "--osv-url", osv)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_OSV.asked) == [("jinja2", "3.1.6"), ("vllm", "0.27.1")]
+    vex = json.loads((dist / "image" / "x-1.vex.cdx.json").read_text())
+    serial = json.loads(img.read_text())["serialNumber"].removeprefix("urn:uuid:")
+    (v,) = vex["vulnerabilities"]
+    assert v["affects"] == [{"ref": f"urn:cdx:{serial}/1#{comp.bom_ref.value}"}]
+    assert {"image/x-1.advisories.json", "image/x-1.vex.cdx.json"} <= set(_sums(dist))
