@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import standin_image
 
-from tpfix import image, package, sbom
+from tpfix import image, sbom
 from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, read_version
 from tpfix.fetch import fetch_wheel
 from tpfix.patchfile import read_series
@@ -636,13 +636,13 @@ def test_image_inventory(buildah, built, base):
 
 
 def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base, tmp_path):
-    """package.describe_image (what `./build.sh --image` runs after the build):
+    """image.describe_image (what `./build.sh --image` runs after the build):
     schema-valid SBOM of the image's real environment and base, a provenance
     statement about its config digest, both in SHA256SUMS (a copy of dist/)."""
     dist = tmp_path / "dist"
     shutil.copytree(built.dist, dist, copy_function=os.link)
     b = dataclasses.replace(built, dist=dist, archive=None)
-    paths = package.describe_image(b, get_line(), base)
+    paths = image.describe_image(b, get_line(), base)
     inv = image.image_inventory(built.engine, built.ref, base)
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [

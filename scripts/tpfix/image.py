@@ -65,7 +65,7 @@ from tpfix.common import (
     shown,
     source_url,
 )
-from tpfix.package import find_wheel, wheel_entry
+from tpfix.package import find_wheel, listed, wheel_entry, write_sums
 from tpfix.patchfile import read_series, series_digest
 from tpfix.worklock import dist_lock
 
@@ -486,6 +486,56 @@ def build_image(
     return Built(tag, eng, archive, out, seconds, dist, ctx)
 
 
+def describe_image(built: Built, line: Line, base: str, sign_key: Path | None = None) -> list[Path]:
+    """SBOM and provenance of an image built by tpfix.image (a `Built`), in
+    <dist>/image/ beside its archive, then SHA256SUMS with them added."""
+    from tpfix import attest, sbom
+    from tpfix.fetch import fetch_sdist, fetch_wheel
+
+    dist = built.dist
+    wheel, _ = find_wheel(dist)
+    arch = "aarch64" if "aarch64" in wheel.name else host_arch()
+    sdist, official = fetch_sdist(line.tag), fetch_wheel(arch, line.tag)
+    epoch = source_date_epoch(line)
+    inv = image_inventory(built.engine, built.ref, base)
+    version = read_version(line.version_file)
+    name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
+    folder = dist / "image"
+    folder.mkdir(exist_ok=True)
+    wheel_c = sbom.wheel_component(wheel, line, sdist, official)
+    texts = {f"{name}.cdx.json": sbom.dumps(sbom.image_bom(inv, wheel_c, epoch, version, line.tag))}
+    subjects = [(built.ref, inv["image"]["config_digest"])]
+    base_dep = (
+        [attest._rd(base, inv["base"]["digest"], f"docker://{base}")]
+        if inv["base"]["digest"]
+        else [attest.ResourceDescriptor(name=base, uri=f"docker://{base}")]
+    )
+    deps = [*base_dep, attest.file_dep(wheel), *attest.upstream_deps(line, sdist, official)]
+    external = {
+        "command": attest.build_command(),
+        "line": line.tag,
+        "base": base,
+        "version": version,
+    }
+    stmt = attest.statement("image", *subjects[0], external, deps, epoch)
+    texts[f"{name}.provenance.json"] = attest.dumps(stmt)
+    if sign_key is not None:
+        texts[attest.signed_name(f"{name}.provenance.json")] = attest.sign(
+            texts[f"{name}.provenance.json"].encode(), sign_key
+        )
+    out = []
+    for fname, text in texts.items():
+        tmp = folder / f".{fname}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, folder / fname)
+        out.append(Path("image") / fname)
+    if built.archive is not None and built.archive.parent == folder:
+        out.append(Path("image") / built.archive.name)
+    kept = [p for p in listed(dist) if p.parts[0] != "image"]
+    write_sums(dist, [*kept, *out])
+    return [dist / p for p in out]
+
+
 _PLAIN = """\
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
@@ -554,8 +604,6 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
     print(built.ref)
     if built.archive:
         print(built.archive)
-    from tpfix.package import describe_image
-
     _step("image: SBOM, provenance" + (" (signed)" if args.sign_key else ""))
     for path in describe_image(
         built, args.line, args.base or default_base(args.line), args.sign_key
