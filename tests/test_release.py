@@ -16,10 +16,12 @@ advisory command against the real index.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -113,6 +115,9 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
     names = read_series(line.series)
     patches = root["pedigree"]["patches"]
     assert sorted(p["resolves"][0]["id"] for p in patches) == sorted(names)
+    positions = {p["resolves"][0]["id"]: p["resolves"][0]["description"] for p in patches}
+    for pos, name in enumerate(names, 1):  # the library sorts them: the place is written out
+        assert f"patch {pos} of {len(names)} in series order" in positions[name]
     for p in patches:
         name = p["resolves"][0]["id"]
         assert p["diff"]["text"]["content"] == (line.patches / name).read_text()
@@ -296,15 +301,21 @@ ADVISORY = {
 
 
 class _OSV(http.server.BaseHTTPRequestHandler):
-    """Simulated OSV API: POST /v1/query answers ADVISORY for vllm 0.27.1, else nothing."""
+    """Simulated OSV API: POST /v1/query answers ADVISORY for vllm 0.27.1 and a
+    made-up one for jinja2 3.1.6 (a project the SBOM does not declare), else nothing."""
 
     asked: list = []
 
     def do_POST(self):
         q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.asked.append((q["package"]["name"], q["version"]))
-        hit = (q["package"]["name"], q["version"]) == ("vllm", "0.27.1")
-        body = json.dumps({"vulns": [ADVISORY]} if hit else {}).encode()
+        asked = (q["package"]["name"], q["version"])
+        other = dict(ADVISORY, id="GHSA-tpfx-test-0002", aliases=[])
+        other["affected"] = [
+            dict(ADVISORY["affected"][0], package={"name": "jinja2", "ecosystem": "PyPI"})
+        ]
+        vulns = {("vllm", "0.27.1"): [ADVISORY], ("jinja2", "3.1.6"): [other]}.get(asked)
+        body = json.dumps({"vulns": vulns} if vulns else {}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -336,7 +347,7 @@ def _advise(dist: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedPro
 
 def _pinned(tmp: Path) -> Path:
     req = tmp / "pinned.txt"
-    req.write_text("vllm==0.27.1+tpfix.3\njinja2==3.1.6\n")
+    req.write_text("vllm==0.27.1+tpfix.3\njinja2==3.1.6\nflashinfer-python==0.6.16.post4\n")
     return req
 
 
@@ -347,53 +358,160 @@ def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
     )
     assert proc.returncode == 0, proc.stderr
     # vllm is asked for as its upstream version, as scanners read ours
-    assert sorted(_OSV.asked) == [("jinja2", "3.1.6"), ("vllm", "0.27.1")]
+    assert sorted(_OSV.asked) == [
+        ("flashinfer-python", "0.6.16.post4"),
+        ("jinja2", "3.1.6"),
+        ("vllm", "0.27.1"),
+    ]
     report = json.loads((dist / f"{wheel.name}.advisories.json").read_text())
     (vllm,) = [d for d in report["dependencies"] if d["name"] == "vllm"]
     assert [v["id"] for v in vllm["vulns"]] in (["GHSA-tpfx-test-0001"], ["CVE-2099-0001"])
     vex_text = (dist / f"{wheel.name}.vex.cdx.json").read_text()
     sbom.validate(vex_text)
     vex = json.loads(vex_text)
-    (v,) = vex["vulnerabilities"]
     doc = json.loads((dist / f"{wheel.name}.cdx.json").read_text())
     serial = doc["serialNumber"].removeprefix("urn:uuid:")
+    by_project = {v["bom-ref"].split(":", 1)[1].split("@")[0]: v for v in vex["vulnerabilities"]}
+    assert sorted(by_project) == ["jinja2", "vllm"]
+    v = by_project["vllm"]  # ours: a BOM-Link to the SBOM's root
     assert v["affects"] == [
         {"ref": f"urn:cdx:{serial}/1#{doc['metadata']['component']['bom-ref']}"}
     ]
     assert v["analysis"]["state"] == "in_triage"  # no advisories.toml entry for it
     assert v["recommendation"] == "fixed in 0.28.0"
+    # every BOM-Link names a bom-ref the SBOM has; any other ref a component of the VEX
+    sbom_refs = {
+        doc["metadata"]["component"]["bom-ref"],
+        *(c["bom-ref"] for c in doc["components"]),
+    }
+    vex_refs = {c["bom-ref"] for c in vex.get("components", [])}
+    for vuln in vex["vulnerabilities"]:
+        for a in vuln["affects"]:
+            link = a["ref"].removeprefix(f"urn:cdx:{serial}/1#")
+            assert link in sbom_refs if link != a["ref"] else a["ref"] in vex_refs, a
+    assert by_project["jinja2"]["affects"] == [{"ref": "pkg:pypi/jinja2@3.1.6"}]
+    # the SBOM names where its VEX is
+    ext = doc["metadata"]["component"]["externalReferences"]
+    assert {"type": "exploitability-statement", "url": f"{wheel.name}.vex.cdx.json"} in [
+        {k: e[k] for k in ("type", "url")} for e in ext
+    ]
     assert {f"{wheel.name}.advisories.json", f"{wheel.name}.vex.cdx.json"} <= set(_sums(dist))
     _check_sums(dist)
 
 
-def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str, monkeypatch):
-    """advisories.toml beside the series: a patch that resolves it, or why it does not apply."""
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "patches", repo / "patches")
+def _triaged_line(tmp: Path, text: str):
+    """The default line's series, with an advisories.toml of `text`."""
+    repo = tmp / "repo"
+    shutil.copytree(ROOT / "patches", repo / "patches", dirs_exist_ok=True)
+    (repo / "patches" / "advisories.toml").write_text(text)
     line = get_line()
-    name = read_series(line.series)[1]
+    return type(line)(line.version_file, line.pins, repo / "patches")
+
+
+def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
+    """advisories.toml beside the series: a patch that resolves it, or why it does not apply."""
+    name = read_series(get_line().series)[1]
+    report = advisories.audit([("vllm", "0.27.1")], "osv", osv)
     for state, extra, want_detail in [
-        ("resolved", f'patch = "{name}"', f"fixed by {name} of the series"),
+        ("resolved_with_pedigree", f'patch = "{name}"', f"fixed by {name} of the series"),
         ("not_affected", 'justification = "code_not_reachable"', "unused API"),
     ]:
-        (repo / "patches" / "advisories.toml").write_text(
+        line = _triaged_line(
+            tmp_path,
             f'[[advisory]]\nid = "CVE-2099-0001"\nstate = "{state}"\n{extra}\n'
-            'detail = "unused API"\n'
+            'detail = "unused API"\n',
         )
-        fake = type(line)(line.version_file, line.pins, repo / "patches")
-        report = advisories.audit([("vllm", "0.27.1")], "osv", osv)
-        dist, wheel, _, _ = _publish_small(tmp_path / state)
-        vex = json.loads(advisories.vex(report, dist / f"{wheel.name}.cdx.json", fake))
+        dist, wheel, sdist, official = _publish_small(tmp_path / state)
+        vex = json.loads(advisories.vex(report, dist / f"{wheel.name}.cdx.json", line))
         (v,) = vex["vulnerabilities"]
         assert v["analysis"]["state"] == state
         assert want_detail in v["analysis"]["detail"]
         if state == "not_affected":
             assert v["analysis"]["justification"] == "code_not_reachable"
-    (repo / "patches" / "advisories.toml").write_text(
-        '[[advisory]]\nid = "CVE-2099-0001"\nstate = "resolved"\npatch = "9999-nope.patch"\n'
+        else:  # and the SBOM names it among what that patch resolves
+            doc = sbom.wheel_bom(wheel, line, sdist, official, 1)
+            (patch,) = [
+                p
+                for p in doc.metadata.component.pedigree.patches
+                if p.resolves and any(i.id == name for i in p.resolves)
+            ]
+            assert {(i.type.value, i.id) for i in patch.resolves} == {
+                ("defect", name),
+                ("security", "CVE-2099-0001"),
+            }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[[advisory]]\nid = "X"\nstate = "resolved_with_pedigree"\npatch = "9999-nope.patch"\n',
+            "`patch` must name a patch of the series",
+        ),
+        ('[[advisory]]\nid = "X"\nstate = "fixed"\n', "state must be one of"),
+        ('[[advisory]]\nid = "X"\nstate = "not_affected"\n', "needs a `justification`"),
+        (
+            '[[advisory]]\nid = "X"\nstate = "not_affected"\njustification = "nah"\n',
+            "justification must be one of",
+        ),
+        ('[[advisory]\nid = "X"\n', "not valid TOML"),
+        ('[[advisory]]\nstate = "in_triage"\n', "needs an `id`"),
+    ],
+)
+def test_a_bad_triage_entry_is_refused_before_any_audit(tmp_path: Path, text: str, message: str):
+    with pytest.raises(Fail, match=re.escape(message)):
+        advisories.load_triage(_triaged_line(tmp_path, text))
+
+
+def test_markers_are_evaluated_for_the_image_not_this_host(tmp_path: Path):
+    """This host runs Python 3.11 on x86_64; the image runs 3.12 (and the
+    aarch64 wheel an aarch64 one): what the audit must cover follows the image."""
+    wheel = make_wheel(
+        tmp_path,
+        requires=(
+            "always==1",
+            'newer; python_version > "3.11"',
+            'arm; platform_machine == "aarch64"',
+            "extra-only; extra == 'audio'",
+        ),
     )
-    with pytest.raises(Fail, match="resolved needs `patch` naming a patch of the series"):
-        advisories.load_triage(type(line)(line.version_file, line.pins, repo / "patches"))
+    line = get_line()
+    x86 = advisories.target(line, "x86_64")
+    assert x86["python"] == "3.12" and x86["platform"].startswith("x86_64-manylinux_2_")
+    assert advisories.needed(wheel, x86["env"]) == {"always", "newer"}
+    arm = advisories.target(line, "aarch64")
+    assert advisories.needed(wheel, arm["env"]) == {"always", "newer", "arm"}
+    with pytest.raises(Fail, match="lacks 1 of the wheel's requirements on the target.*newer"):
+        advisories.check_covers([("always", "1")], advisories.needed(wheel, x86["env"]), "a set")
+
+
+def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
+    """The real resolver (uv), from an index of tiny wheels served on 127.0.0.1
+    (our own tpfix.index pages): a requirement with a marker true only in the
+    image's Python is resolved, one true only on aarch64 is not."""
+    from tpfix.index import write_index
+
+    served = tmp_path / "served"
+    wheel = make_wheel(
+        served,
+        requires=(
+            'dep-a==1.0; python_version > "3.11"',
+            'dep-b==1.0; platform_machine == "aarch64"',
+        ),
+    )
+    deps = [make_wheel(served, "1.0", name, ()) for name in ("dep_a", "dep_b")]
+    write_index(served, [wheel, *deps])
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/simple"
+        tgt = advisories.target(get_line(), "x86_64")
+        pins = advisories.resolve(wheel, tgt, url)
+    finally:
+        server.shutdown()
+    assert sorted(pins) == [("dep-a", "1.0"), ("vllm", wheel.name.split("-")[1])]
 
 
 def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: Path):
@@ -493,17 +611,29 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
         "python": [
             {"name": "vllm", "version": read_version(), "location": "/usr/lib"},
             {"name": "jinja2", "version": "3.1.6", "location": "/usr/lib"},
+            {"name": "flashinfer_python", "version": "0.6.16.post4", "location": "/usr/lib"},
+            {"name": "torch", "version": "2.13.0+cu130", "location": "/usr/lib"},
         ],
     }
     comp = sbom.wheel_component(wheel, get_line(), sdist, official)
     (dist / "image").mkdir()
     img = dist / "image" / "x-1.cdx.json"
-    img.write_text(sbom.dumps(sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1")))
+    img.write_text(sbom.dumps(sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1", "x-1")))
     proc = _advise(dist, "--image", str(img), "--service", "osv", "--osv-url", osv)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(_OSV.asked) == [("jinja2", "3.1.6"), ("vllm", "0.27.1")]
+    # local versions asked for as their public one
+    assert sorted(_OSV.asked) == [
+        ("flashinfer-python", "0.6.16.post4"),
+        ("jinja2", "3.1.6"),
+        ("torch", "2.13.0"),
+        ("vllm", "0.27.1"),
+    ]
     vex = json.loads((dist / "image" / "x-1.vex.cdx.json").read_text())
     serial = json.loads(img.read_text())["serialNumber"].removeprefix("urn:uuid:")
-    (v,) = vex["vulnerabilities"]
-    assert v["affects"] == [{"ref": f"urn:cdx:{serial}/1#{comp.bom_ref.value}"}]
+    # pip-audit names an advisory by its id or an alias: by project here
+    affects = {v["bom-ref"].split(":", 1)[1]: v["affects"] for v in vex["vulnerabilities"]}
+    assert affects["vllm@0.27.1"] == [{"ref": f"urn:cdx:{serial}/1#{comp.bom_ref.value}"}]
+    # jinja2 is in the image's SBOM: linked there, not described again
+    assert affects["jinja2@3.1.6"] == [{"ref": f"urn:cdx:{serial}/1#pkg:pypi/jinja2@3.1.6"}]
+    assert not vex.get("components")
     assert {"image/x-1.advisories.json", "image/x-1.vex.cdx.json"} <= set(_sums(dist))

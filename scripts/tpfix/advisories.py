@@ -4,53 +4,72 @@
 
     python -m tpfix.advisories                  # the default line's dist/
     python -m tpfix.advisories --line v0.33.0   # dist/v0.33.0/
-    python -m tpfix.advisories --requirements PINNED.txt   # a given pinned set
     python -m tpfix.advisories --image dist/image/NAME.cdx.json   # an image's environment
-    python -m tpfix.advisories --service osv [--osv-url URL]
+    python -m tpfix.advisories --requirements PINNED.txt         # a pinned set of your own
+    python -m tpfix.advisories --service osv [--osv-url URL] [--index-url URL]
 
-1. The dependency set: pip resolves the wheel's requirements as its users
-   get them (the image's Python and platform, binary wheels only; pip's
-   `--dry-run --report`), or `--requirements` gives it pinned, or `--image`
-   takes every Python distribution the image's SBOM lists.  vLLM itself
-   is audited as its upstream version: scanners read 0.27.1+tpfix.3 as
-   0.27.1, so its advisories are ours unless the series fixes them.
-2. pip-audit checks each pinned project against the advisory service (the
-   package index's advisory data by default, `-s pypi`; OSV with --service).
-3. Written into the dist folder, listed in SHA256SUMS:
-     <wheel>.advisories.json   pip-audit's report, with the source and the set
-     <wheel>.vex.cdx.json      CycloneDX VEX: each advisory, the component it
-                               affects (BOM-Link into <wheel>.cdx.json) and
-                               our analysis from the line's advisories.toml
-   An advisory advisories.toml does not name is `in_triage`.  With --image,
-   both are named after the image's SBOM, in dist/image/.
+1. The dependency set.  By default uv resolves the wheel as the official
+   image installs it: that image's Python (the pins' `image-python`) and
+   platform (manylinux for the glibc of the Ubuntu its docker/Dockerfile
+   names), binary wheels only, markers evaluated for that target (pip's
+   --python-version would evaluate them for this host).  Or `--image` takes
+   every Python distribution the image's SBOM lists, or `--requirements` a
+   pinned set.  Whatever the source, every requirement of the wheel that
+   applies on the target (no extras) must be in the set, or it stops.
+   Local versions are audited as their public one: scanners read
+   0.27.1+tpfix.3 as 0.27.1 and torch 2.13.0+cu130 as 2.13.0, so their
+   advisories are ours unless the series fixes them.  Extras are not audited.
+2. pip-audit checks each project against the advisory service: the package
+   index's advisory data by default (`-s pypi`), OSV with --service osv.
+3. Written beside the SBOM audited (dist/ or dist/image/), added to SHA256SUMS:
+     <name>.advisories.json   pip-audit's report, with how the set was made
+                              and when, the service, pip-audit's version
+     <name>.vex.cdx.json      CycloneDX VEX: each advisory, the component it
+                              affects (a BOM-Link into <name>.cdx.json, or a
+                              component of its own for a project the SBOM
+                              does not list) and our analysis from the line's
+                              advisories.toml; one it does not name is `in_triage`.
+   The SBOM names this file (external reference `exploitability-statement`),
+   and each advisory advisories.toml says a patch fixes is in that patch's
+   `resolves` in the SBOM.
 
 Advisory data changes every day while the wheel does not, so this is a
-separate step, not part of ./build.sh: the SBOM stays reproducible and a
-build does not depend on a service being up.  If the source cannot be
-reached, or a single project could not be audited, the command says so and
-exits non-zero, writing nothing: it never reports "no advisories" for what
-it did not check.
+separate step, not part of ./build.sh: the build stays reproducible and does
+not depend on a service.  If the set cannot be resolved, the source cannot be
+reached, or a single project could not be audited, it says so and exits 2,
+writing nothing: it never reports "no advisories" for what it did not check.
 
-advisories.toml (beside the line's series; optional):
+advisories.toml (beside the line's series):
     [[advisory]]
     id = "GHSA-..."            # or a PYSEC/CVE id: matched against aliases too
-    state = "resolved"         # CycloneDX: resolved, not_affected, exploitable,
-                               #   false_positive, in_triage, resolved_with_pedigree
+    state = "not_affected"     # CycloneDX: resolved, resolved_with_pedigree, exploitable,
+                               #   false_positive, in_triage, not_affected
     justification = "..."      # not_affected: code_not_present, code_not_reachable, ...
-    patch = "0002-....patch"   # resolved: the patch of the series that fixes it
+    patch = "0002-....patch"   # a patch of the series fixes it: resolved_with_pedigree
     detail = "..."
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
 import uuid
+import zipfile
+from datetime import UTC, datetime
+from email.parser import Parser
+from hashlib import sha256
+from importlib import metadata
 from pathlib import Path
+
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown
 from tpfix.package import find_wheel, listed, write_sums
@@ -64,58 +83,150 @@ STATES = {
     "false_positive",
     "not_affected",
 }
-# The platform pip resolves for: the official image's (Python 3.12, manylinux).
-PYTHON = "3.12"
-_GLIBC = ["2_28", "2_27", "2_26", "2_25", "2_24", "2_17", "2_12", "2_5"]
+JUSTIFICATIONS = {
+    "code_not_present",
+    "code_not_reachable",
+    "protected_at_perimeter",
+    "protected_at_runtime",
+    "protected_by_compiler",
+    "protected_by_mitigating_control",
+    "requires_configuration",
+    "requires_dependency",
+    "requires_environment",
+}
+# glibc of the Ubuntu release the official image's docker/Dockerfile names.
+UBUNTU_GLIBC = {"20.04": "2_31", "22.04": "2_35", "24.04": "2_39"}
 
 
-def platforms(arch: str) -> list[str]:
-    """Every manylinux tag a manylinux_2_28 machine accepts (pip takes them literally)."""
-    return [f"manylinux_{g}_{arch}" for g in _GLIBC] + [
-        f"manylinux2014_{arch}",
-        f"manylinux1_{arch}" if arch == "x86_64" else f"linux_{arch}",
-    ]
+def triage_path(line: Line) -> Path:
+    return line.series.parent / "advisories.toml"
 
 
-def resolve(wheel: Path) -> list[tuple[str, str]]:
-    """(name, version) of everything pip installs with `wheel` on the image's Python."""
-    arch = "aarch64" if "aarch64" in wheel.name else "x86_64"
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(report),
-            "--only-binary=:all:",
-            "--python-version",
-            PYTHON,
-            "--target",
-            str(Path(tmp) / "t"),
-        ]
-        cmd += [a for p in platforms(arch) for a in ("--platform", p)]
-        proc = subprocess.run([*cmd, str(wheel)], text=True, capture_output=True)
-        if proc.returncode != 0 or not report.exists():
-            errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
+def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
+    """The line's advisories.toml, checked: {advisory id: entry}."""
+    path = triage_path(line)
+    if not path.exists():
+        return path, {}
+    try:
+        entries = tomllib.loads(path.read_text()).get("advisory", [])
+    except tomllib.TOMLDecodeError as e:
+        raise Fail(f"{shown(path)}: not valid TOML: {e}") from None
+    series = set(line.series.read_text().split())
+    out = {}
+    for e in entries:
+        where = f"{shown(path)}: {e.get('id', '(an entry without id)')}"
+        if not e.get("id"):
+            raise Fail(f"{where}: every [[advisory]] needs an `id`")
+        if e.get("state") not in STATES:
+            raise Fail(f"{where}: state must be one of {sorted(STATES)}")
+        if e.get("justification") and e["justification"] not in JUSTIFICATIONS:
+            raise Fail(f"{where}: justification must be one of {sorted(JUSTIFICATIONS)}")
+        if e["state"] == "not_affected" and not e.get("justification"):
+            raise Fail(f"{where}: not_affected needs a `justification`")
+        if "patch" in e and (e["patch"] not in series or e["state"] != "resolved_with_pedigree"):
             raise Fail(
-                f"pip could not resolve the requirements of {wheel.name} for Python "
-                f"{PYTHON} on {arch} from the configured index, so they cannot be "
-                "audited:\n  "
-                + "\n  ".join(errs or proc.stderr.strip().splitlines()[-5:])
-                + "\n  (give the set pinned with --requirements FILE)"
+                f"{where}: `patch` must name a patch of the series, with state "
+                "resolved_with_pedigree (the SBOM's pedigree holds the patch)"
             )
-        items = json.loads(report.read_text())["install"]
-    return sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in items)
+        out[e["id"]] = e
+    return path, out
 
 
-def as_upstream(pins: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The pins with vllm at its public version (what scanners read ours as)."""
-    return [(n, v.split("+")[0] if n.lower() == "vllm" else v) for n, v in pins]
+# --- the dependency set ------------------------------------------------------------
+
+
+def _requires(wheel: Path) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        msg = Parser().parsestr(z.read(name).decode())
+    return [Requirement(r) for r in msg.get_all("Requires-Dist") or []]
+
+
+def target(line: Line, arch: str) -> dict:
+    """Python, platform and marker environment of the line's official image."""
+    from tpfix.fetch import fetch_sdist
+    from tpfix.versions import dockerfile_arg, pin_facts
+
+    python = pin_facts(line).get("image-python")
+    ubuntu = dockerfile_arg(fetch_sdist(line.tag), "UBUNTU_VERSION")
+    if not python or ubuntu not in UBUNTU_GLIBC:
+        raise Fail(
+            f"{line.tag}: the official image's Python ({python}) or Ubuntu ({ubuntu}, "
+            f"from the sdist's docker/Dockerfile) is not known; known: {sorted(UBUNTU_GLIBC)}"
+        )
+    env = {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "platform_machine": arch,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+    return {"python": python, "platform": f"{arch}-manylinux_{UBUNTU_GLIBC[ubuntu]}", "env": env}
+
+
+def needed(wheel: Path, env: dict) -> set[str]:
+    """The wheel's requirements that apply on the target, without extras."""
+    return {
+        canonicalize_name(r.name)
+        for r in _requires(wheel)
+        if r.marker is None or Marker(str(r.marker)).evaluate(env)
+    }
+
+
+def _uv() -> str:
+    uv = Path(sys.executable).with_name("uv")
+    found = str(uv) if uv.exists() else shutil.which("uv")
+    if not found:
+        raise Fail("uv is not installed: ./build.sh installs it (ci/requirements-build.txt)")
+    return found
+
+
+def resolve(wheel: Path, tgt: dict, index_url: str | None = None) -> list[tuple[str, str]]:
+    """(name, version) of everything the wheel installs with on the target (uv)."""
+    cmd = [
+        _uv(),
+        "pip",
+        "compile",
+        "-",
+        "--quiet",
+        "--no-header",
+        "--no-annotate",
+        "--python-version",
+        tgt["python"],
+        "--python-platform",
+        tgt["platform"],
+        "--only-binary",
+        ":all:",
+        "--no-python-downloads",
+        "--python",
+        sys.executable,
+    ]
+    if index_url:
+        cmd += ["--default-index", index_url]
+    proc = subprocess.run(
+        cmd, input=f"vllm @ {wheel.resolve().as_uri()}\n", text=True, capture_output=True
+    )
+    if proc.returncode != 0:
+        raise Fail(
+            f"uv could not resolve the requirements of {wheel.name} for Python "
+            f"{tgt['python']} on {tgt['platform']} from the index, so they cannot be "
+            "audited:\n  "
+            + "\n  ".join(proc.stderr.strip().splitlines()[-6:])
+            + "\n  (an index of your own: --index-url; a pinned set: --requirements FILE)"
+        )
+    pins = []
+    for ln in proc.stdout.splitlines():
+        ln = ln.split("#", 1)[0].strip()
+        if " @ " in ln:  # the wheel itself, by its file URL
+            pins.append((ln.split(" @ ")[0].strip(), wheel.name.split("-")[1]))
+        elif ln:
+            name, _, version = ln.partition("==")
+            pins.append((name.strip(), version.split(";")[0].strip()))
+    return pins
 
 
 def read_requirements(path: Path) -> list[tuple[str, str]]:
@@ -131,8 +242,45 @@ def read_requirements(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def image_pins(bom_path: Path) -> list[tuple[str, str]]:
+    """The Python distributions an image's SBOM lists (tpfix.sbom.image_bom)."""
+    doc = json.loads(bom_path.read_text())
+    comps = [doc["metadata"]["component"], *doc.get("components", [])]
+    return sorted(
+        {
+            (c["name"], c["version"])
+            for c in comps
+            if c.get("purl", "").startswith("pkg:pypi/") and c.get("version")
+        }
+    )
+
+
+def public(pins: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every pin at its public version (what scanners read a local version as),
+    one per project."""
+    out = {}
+    for n, v in pins:
+        out[canonicalize_name(n)] = (n, v.split("+")[0])
+    return sorted(out.values())
+
+
+def check_covers(pins: list[tuple[str, str]], need: set[str], what: str) -> None:
+    missing = sorted(need - {canonicalize_name(n) for n, _ in pins})
+    if missing:
+        raise Fail(
+            f"{what} lacks {len(missing)} of the wheel's requirements on the target, "
+            f"so it cannot stand for what ships: {', '.join(missing)}"
+        )
+
+
+# --- the audit ---------------------------------------------------------------------
+
+
 def audit(pins: list[tuple[str, str]], service: str, osv_url: str | None) -> dict:
     """pip-audit's JSON report for `pins`; Fail if any project was not audited."""
+    if importlib.util.find_spec("pip_audit") is None:
+        raise Fail(f"pip-audit is not installed in {sys.prefix}: ./build.sh installs it")
+    source = osv_url or service
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp) / "pinned.txt"
         req.write_text("".join(f"{n}=={v}\n" for n, v in pins))
@@ -157,7 +305,6 @@ def audit(pins: list[tuple[str, str]], service: str, osv_url: str | None) -> dic
         if osv_url:
             cmd += ["--osv-url", osv_url]
         proc = subprocess.run(cmd, text=True, capture_output=True)
-        source = osv_url or service
         if not out.exists():
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise Fail(
@@ -172,41 +319,19 @@ def audit(pins: list[tuple[str, str]], service: str, osv_url: str | None) -> dic
             f"{len(skipped)} of {len(pins)} projects could not be audited against "
             f"{source}, so no report was written:\n  {shown_}"
         )
+    asked = {canonicalize_name(n) for n, _ in pins}
+    got = {canonicalize_name(d["name"]) for d in report["dependencies"]}
+    if got != asked:
+        raise Fail(f"pip-audit reported on {sorted(got ^ asked)} unlike what was asked")
     report["source"] = {"service": service, "url": osv_url}
     return report
 
 
-def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
-    path = line.series.parent / "advisories.toml"
-    if not path.exists():
-        return path, {}
-    entries = tomllib.loads(path.read_text()).get("advisory", [])
-    series = set(line.series.read_text().split())
-    out = {}
-    for e in entries:
-        if e.get("state") not in STATES:
-            raise Fail(f"{shown(path)}: {e.get('id')}: state must be one of {sorted(STATES)}")
-        if e["state"] == "resolved" and e.get("patch") not in series:
-            raise Fail(
-                f"{shown(path)}: {e['id']}: resolved needs `patch` naming a patch of the series"
-            )
-        out[e["id"]] = e
-    return path, out
-
-
-def image_pins(bom_path: Path) -> list[tuple[str, str]]:
-    """The Python distributions an image's SBOM lists (tpfix.sbom.image_bom)."""
-    doc = json.loads(bom_path.read_text())
-    return sorted(
-        (c["name"], c["version"])
-        for c in doc.get("components", [])
-        if c.get("purl", "").startswith("pkg:pypi/") and c.get("version")
-    )
-
-
 def vex(report: dict, bom_path: Path, line: Line) -> str:
     """CycloneDX VEX for the report's advisories, linked to the SBOM at `bom_path`."""
+    from cyclonedx.model import ExternalReference, ExternalReferenceType, XsUri
     from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
     from cyclonedx.model.impact_analysis import (
         ImpactAnalysisJustification,
         ImpactAnalysisState,
@@ -218,20 +343,51 @@ def vex(report: dict, bom_path: Path, line: Line) -> str:
         VulnerabilityReference,
         VulnerabilitySource,
     )
+    from packageurl import PackageURL
 
     from tpfix import sbom
 
-    sbom_doc = json.loads(bom_path.read_text())
-    serial = sbom_doc["serialNumber"].removeprefix("urn:uuid:")
-    root_ref = sbom_doc["metadata"]["component"]["bom-ref"]
-    refs = {c["name"].lower(): c["bom-ref"] for c in sbom_doc.get("components", [])}
-    if sbom_doc["metadata"]["component"]["name"] == "vllm":  # a wheel's: vllm is the root
-        refs["vllm"] = root_ref
+    doc = json.loads(bom_path.read_text())
+    serial = doc["serialNumber"].removeprefix("urn:uuid:")
+    root = doc["metadata"]["component"]
+    # The SBOM's own components, by canonical name and version (a requirement
+    # component of the wheel's SBOM has no version: by name).
+    refs: dict[tuple[str, str | None], str] = {}
+    for c in [root, *doc.get("components", [])]:
+        key = (canonicalize_name(c["name"]), c.get("version"))
+        refs.setdefault(key, c["bom-ref"])
+        refs.setdefault((key[0], None), c["bom-ref"])
+    if root["name"] == "vllm":  # a wheel's SBOM: audited as its public version
+        refs[("vllm", None)] = root["bom-ref"]
     triage_file, triage = load_triage(line)
-    bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"tpfix:vex:{serial}"))
+    bom = Bom(serial_number=uuid.uuid4())
+    bom.metadata.timestamp = datetime.now(UTC)
+    bom.metadata.component = Component(
+        type=ComponentType.CONTAINER if root["type"] == "container" else ComponentType.LIBRARY,
+        name=root["name"],
+        version=root.get("version"),
+        bom_ref=f"urn:cdx:{serial}/1#{root['bom-ref']}",
+        external_references=[
+            ExternalReference(type=ExternalReferenceType.BOM, url=XsUri(bom_path.name))
+        ],
+    )
+    source = VulnerabilitySource(name=report["source"]["url"] or report["source"]["service"])
+    own: dict[str, Component] = {}
     for dep in report["dependencies"]:
-        name = dep["name"].lower()
-        ref = refs.get(name, f"pkg:pypi/{name}@{dep['version']}")
+        name = canonicalize_name(dep["name"])
+        ref = refs.get((name, dep["version"])) or refs.get((name, None))
+        if ref is not None:
+            target = f"urn:cdx:{serial}/1#{ref}"
+        else:  # resolved, not declared: described here
+            target = f"pkg:pypi/{name}@{dep['version']}"
+            if dep.get("vulns") and target not in own:
+                own[target] = Component(
+                    type=ComponentType.LIBRARY,
+                    name=name,
+                    version=dep["version"],
+                    purl=PackageURL("pypi", name=name, version=dep["version"]),
+                    bom_ref=target,
+                )
         for v in dep.get("vulns", []):
             ids = [v["id"], *v.get("aliases", [])]
             entry = next((triage[i] for i in ids if i in triage), None)
@@ -244,34 +400,31 @@ def vex(report: dict, bom_path: Path, line: Line) -> str:
                 detail = entry.get("detail", "")
                 if entry.get("patch"):
                     detail = f"fixed by {entry['patch']} of the series. {detail}".strip()
+                just = entry.get("justification")
                 analysis = VulnerabilityAnalysis(
                     state=ImpactAnalysisState(entry["state"]),
-                    justification=ImpactAnalysisJustification(entry["justification"])
-                    if entry.get("justification")
-                    else None,
+                    justification=ImpactAnalysisJustification(just) if just else None,
                     detail=detail,
                 )
             bom.vulnerabilities.add(
                 Vulnerability(
-                    bom_ref=f"{v['id']}:{name}",
+                    bom_ref=f"{v['id']}:{name}@{dep['version']}",
                     id=v["id"],
-                    source=VulnerabilitySource(
-                        name=report["source"]["url"] or report["source"]["service"]
-                    ),
+                    source=source,
                     references=[
                         VulnerabilityReference(id=a, source=VulnerabilitySource(name="alias"))
                         for a in v.get("aliases", [])
                     ],
                     description=v.get("description"),
-                    recommendation=(
-                        "fixed in " + ", ".join(v["fix_versions"])
-                        if v.get("fix_versions")
-                        else None
-                    ),
+                    recommendation="fixed in " + ", ".join(v["fix_versions"])
+                    if v.get("fix_versions")
+                    else None,
                     analysis=analysis,
-                    affects=[BomTarget(ref=f"urn:cdx:{serial}/1#{ref}")],
+                    affects=[BomTarget(ref=target)],
                 )
             )
+    for c in own.values():
+        bom.components.add(c)
     return sbom.dumps(bom)
 
 
@@ -299,29 +452,45 @@ def main() -> None:
     what = ap.add_mutually_exclusive_group()
     what.add_argument("--requirements", type=Path, help="audit this pinned set (name==version)")
     what.add_argument("--image", type=Path, help="audit the environment an image's SBOM lists")
+    ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
     ap.add_argument("--service", default="pypi", choices=["pypi", "osv"])
     ap.add_argument("--osv-url", help="an OSV-compatible API (with --service osv)")
     args = ap.parse_args()
     line = get_line(args.line)
-    dist = args.dist or line.dist
+    dist = (args.dist or line.dist).resolve()
     with dist_lock(dist, "audit another folder: --dist DIR"):
         wheel, _ = find_wheel(dist)
-        bom_path = (dist / f"{wheel.name}.cdx.json").resolve()
+        arch = "aarch64" if "aarch64" in wheel.name else "x86_64"
+        tgt = target(line, arch)
+        bom_path = dist / f"{wheel.name}.cdx.json"
         if args.image:
             bom_path = args.image.resolve()
-            if not bom_path.is_relative_to(dist.resolve()):
+            if not bom_path.is_relative_to(dist):
                 raise Fail(f"{args.image} is not in {dist}: the report goes beside it")
-            pins = image_pins(bom_path)
+            pins, how = image_pins(bom_path), f"the image's SBOM {bom_path.name}"
         elif args.requirements:
+            digest = sha256(args.requirements.read_bytes()).hexdigest()
             pins = read_requirements(args.requirements)
+            how = f"--requirements {args.requirements.name} (sha256 {digest})"
         else:
-            pins = resolve(wheel)
-        pins = as_upstream(pins)
+            pins = resolve(wheel, tgt, args.index_url)
+            how = f"uv pip compile for Python {tgt['python']} on {tgt['platform']}"
+        check_covers(pins, needed(wheel, tgt["env"]), how)
+        pins = public(pins)
         print(
-            f"auditing {len(pins)} projects against {args.osv_url or args.service}", file=sys.stderr
+            f"auditing {len(pins)} projects ({how}) against {args.osv_url or args.service}",
+            file=sys.stderr,
         )
         report = audit(pins, args.service, args.osv_url)
-        for path in write_report(dist.resolve(), bom_path, report, vex(report, bom_path, line)):
+        report["tpfix"] = {
+            "set": how,
+            "projects": len(pins),
+            "local versions": "audited as their public version",
+            "extras": "not audited",
+            "pip-audit": metadata.version("pip-audit"),
+            "audited at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        for path in write_report(dist, bom_path, report, vex(report, bom_path, line)):
             print(path)
         found = sum(len(d.get("vulns", [])) for d in report["dependencies"])
         print(f"{found} known advisories in {len(pins)} projects", file=sys.stderr)

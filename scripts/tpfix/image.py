@@ -382,8 +382,11 @@ def _base_digest(eng: Engine, base: str) -> str | None:
         return d.get("FromImageDigest") or None
     if eng.name == "podman" and d.get("Digest"):
         return d["Digest"]
-    digests = [x.split("@", 1)[1] for x in d.get("RepoDigests") or [] if "@" in x]
-    return digests[0] if digests else None  # "name@sha256:...", set when pulled
+    # "repo@sha256:...", set when pulled: the one of the base's own repository
+    repo = base.split("@")[0].rsplit(":", 1)[0] if ":" in base.rsplit("/", 1)[-1] else base
+    digests = [x.split("@", 1) for x in d.get("RepoDigests") or [] if "@" in x]
+    mine = [dg for name, dg in digests if name.endswith(repo.split("/", 1)[-1])]
+    return mine[0] if mine else None
 
 
 def _python_dists(eng: Engine, ref: str) -> list[dict]:
@@ -503,7 +506,8 @@ def describe_image(built: Built, line: Line, base: str, sign_key: Path | None = 
     folder = dist / "image"
     folder.mkdir(exist_ok=True)
     wheel_c = sbom.wheel_component(wheel, line, sdist, official)
-    texts = {f"{name}.cdx.json": sbom.dumps(sbom.image_bom(inv, wheel_c, epoch, version, line.tag))}
+    bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name)
+    texts = {f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]
     base_dep = (
         [attest._rd(base, inv["base"]["digest"], f"docker://{base}")]

@@ -32,6 +32,7 @@ import uuid
 import zipfile
 from datetime import UTC, datetime
 from email.parser import Parser
+from importlib import metadata
 from pathlib import Path
 
 from cyclonedx.contrib.this.builders import this_component
@@ -60,6 +61,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
+from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, main_wrapper, sha256_file
 from tpfix.patchfile import read_patch, read_series
@@ -87,9 +89,16 @@ def _refs(text: str) -> list[str]:
 
 
 def patch_entries(line: Line) -> list[Patch]:
-    """One CycloneDX patch per patch of the line's series, in series order."""
+    """One CycloneDX patch per patch of the line's series.  The library sorts
+    them; each issue's id starts with the patch's number and its description
+    says its place in the series.  Advisories that advisories.toml says a patch
+    fixes are among its `resolves`, as security issues."""
+    from tpfix.advisories import load_triage
+
+    _, triage = load_triage(line)
+    names = read_series(line.series)
     out = []
-    for name in read_series(line.series):
+    for pos, name in enumerate(names, 1):
         path = line.patches / name
         p = read_patch(path)
         h = p.header
@@ -100,7 +109,13 @@ def patch_entries(line: Line) -> list[Patch]:
             type=IssueClassification.DEFECT,
             id=name,
             name=subject,
-            description=f"{name} (sha256 {sha256_file(path)})",
+            description=f"{name} (sha256 {sha256_file(path)}), patch {pos} of "
+            f"{len(names)} in series order"
+            + (
+                f"; applied upstream: {h.get('Applied-Upstream')}"
+                if h.get("Applied-Upstream")
+                else ""
+            ),
             references=[XsUri(u) for u in [*_refs(bug), *related]],
         )
         kind = (
@@ -109,7 +124,12 @@ def patch_entries(line: Line) -> list[Patch]:
             else PatchClassification.UNOFFICIAL
         )
         diff = Diff(text=AttachedText(content=path.read_text(), content_type="text/x-diff"))
-        out.append(Patch(type=kind, diff=diff, resolves=[issue]))
+        security = [
+            IssueType(type=IssueClassification.SECURITY, id=aid, description=e.get("detail"))
+            for aid, e in sorted(triage.items())
+            if e.get("patch") == name
+        ]
+        out.append(Patch(type=kind, diff=diff, resolves=[issue, *security]))
     return out
 
 
@@ -136,10 +156,22 @@ def _requirement(req: str) -> Component:
         type=ComponentType.LIBRARY,
         name=r.name,
         version=version,
-        purl=PackageURL("pypi", name=r.name.lower(), version=version),
+        # a range names no package version: no purl, or scanners match it to all
+        purl=PackageURL("pypi", name=canonicalize_name(r.name), version=version)
+        if version
+        else None,
         bom_ref=f"requirement:{req}",
         scope=ComponentScope.OPTIONAL if optional else ComponentScope.REQUIRED,
         properties=[Property(name="tpfix:requirement", value=req)],
+    )
+
+
+def _vex_ref(name: str) -> ExternalReference:
+    """Where `python -m tpfix.advisories` writes this SBOM's VEX (beside it)."""
+    return ExternalReference(
+        type=ExternalReferenceType.EXPLOITABILITY_STATEMENT,
+        url=XsUri(f"{name}.vex.cdx.json"),
+        comment="written by python -m tpfix.advisories (not by the build: advisories change daily)",
     )
 
 
@@ -176,7 +208,8 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
                 type=ExternalReferenceType.VCS,
                 url=XsUri(f"{_GITHUB}vllm-project/vllm/tree/{line.tag}"),
                 comment="upstream source at the pinned tag",
-            )
+            ),
+            _vex_ref(wheel.name),
         ],
         properties=[Property(name="tpfix:requires-python", value=meta["python"] or "")],
         pedigree=Pedigree(
@@ -208,6 +241,7 @@ def _bom(root: Component, serial_of: str, epoch: str | int) -> Bom:
         Component(
             type=ComponentType.APPLICATION,
             name="vllm-tpfix-tools",
+            version=metadata.version("vllm-tpfix-tools"),
             description="this repository's scripts/tpfix (build.sh)",
         )
     )
@@ -224,39 +258,69 @@ def wheel_bom(wheel: Path, line: Line, sdist: Path, official: Path, epoch: str |
     return bom
 
 
-def image_bom(inventory: dict, wheel: Component, epoch: str | int, version: str, tag: str) -> Bom:
-    """The image's SBOM from tpfix.image.image_inventory() and the wheel's component."""
+def split_ref(ref: str) -> tuple[str, str | None, str | None]:
+    """(repository, tag, digest) of an image reference (`host:port/name:tag@sha256:...`)."""
+    ref, _, digest = ref.partition("@")
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        ref, tag = ref.rsplit(":", 1)
+        return ref, tag, digest or None
+    return ref, None, digest or None
+
+
+def _oci_purl(ref: str, digest: str) -> PackageURL:
+    repo, tag, _ = split_ref(ref)
+    quals = {"repository_url": repo, **({"tag": tag} if tag else {})}
+    return PackageURL("oci", name=repo.rsplit("/", 1)[-1].lower(), version=digest, qualifiers=quals)
+
+
+def image_bom(
+    inventory: dict, wheel: Component, epoch: str | int, version: str, tag: str, stem: str
+) -> Bom:
+    """The image's SBOM (<stem>.cdx.json) from tpfix.image.image_inventory() and
+    the wheel's component.  The image itself is named by its config digest
+    (the image ID): the manifest digest exists only once it is pushed."""
     img = inventory["image"]
     config = img["config_digest"].removeprefix("sha256:")
     root = Component(
         type=ComponentType.CONTAINER,
-        name=img["ref"].rsplit(":", 1)[0],
+        name=split_ref(img["ref"])[0],
         version=version,
         bom_ref=f"image:{img['ref']}",
         hashes=[_sha256(config)],
         description=f"vLLM {tag} image with the tpfix wheel (config digest sha256:{config})",
+        external_references=[_vex_ref(stem)],
         properties=[Property(name="tpfix:layer", value=d) for d in img["layers"]],
     )
     bom = _bom(root, config, epoch)
     base = inventory["base"]
+    digest = base.get("digest")
     base_c = Component(
         type=ComponentType.CONTAINER,
-        name=base["name"],
+        name=split_ref(base["name"])[0],
+        version=split_ref(base["name"])[1],
         bom_ref=f"base:{base['name']}",
-        hashes=[_sha256(base["digest"].removeprefix("sha256:"))] if base.get("digest") else [],
-        description="base image" + ("" if base.get("digest") else " (digest not known locally)"),
+        purl=_oci_purl(base["name"], digest) if digest else None,
+        hashes=[_sha256(digest.removeprefix("sha256:"))] if digest else [],
+        description="base image, by its manifest digest"
+        if digest
+        else "base image (its digest is not known to local storage)",
     )
     deps = [base_c]
-    for dist in inventory["python"]:
-        if dist["name"].lower() == "vllm" and dist["version"] == wheel.version:
+    seen = [(canonicalize_name(d["name"]), d["version"]) for d in inventory["python"]]
+    for dist, key in zip(inventory["python"], seen, strict=True):
+        if key == ("vllm", wheel.version):
             c = wheel
         else:
+            ref = f"pkg:pypi/{key[0]}@{key[1]}"
+            if seen.count(key) > 1:  # the same release in two places: both, by place
+                ref += f"#{dist.get('location', '')}"
             c = Component(
                 type=ComponentType.LIBRARY,
                 name=dist["name"],
                 version=dist["version"],
-                purl=PackageURL("pypi", name=dist["name"].lower(), version=dist["version"]),
-                bom_ref=f"pkg:pypi/{dist['name'].lower()}@{dist['version']}",
+                purl=PackageURL("pypi", name=key[0], version=key[1]),
+                bom_ref=ref,
                 properties=[Property(name="tpfix:location", value=dist.get("location", ""))],
             )
         deps.append(c)

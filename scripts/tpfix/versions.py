@@ -95,9 +95,9 @@ def wheel_facts(wheel: Path) -> dict[str, str]:
     return {k: str(v).strip() for k, v in facts.items()}
 
 
-def image_python(sdist: Path) -> str | None:
-    """The default PYTHON_VERSION of the sdist's docker/Dockerfile (the
-    official image's Python), or None when it has none."""
+def dockerfile_arg(sdist: Path, name: str) -> str | None:
+    """The default of `ARG name=...` in the sdist's docker/Dockerfile (the one
+    the official image is built from), or None where it has none."""
     with tarfile.open(sdist) as tar:
         member = next(
             (m for m in tar.getmembers() if re.fullmatch(r"[^/]+/docker/Dockerfile", m.name)), None
@@ -105,8 +105,14 @@ def image_python(sdist: Path) -> str | None:
         if member is None:
             return None
         text = tar.extractfile(member).read().decode()
-    m = re.search(r"^ARG PYTHON_VERSION=(\d+\.\d+)\s*$", text, re.M)
+    m = re.search(rf"^ARG {re.escape(name)}=(\S+)\s*$", text, re.M)
     return m.group(1) if m else None
+
+
+def image_python(sdist: Path) -> str | None:
+    """The official image's Python (PYTHON_VERSION of docker/Dockerfile), or None."""
+    version = dockerfile_arg(sdist, "PYTHON_VERSION")
+    return version if version and re.fullmatch(r"\d+\.\d+", version) else None
 
 
 def pin_facts(line: Line) -> dict:
