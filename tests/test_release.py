@@ -38,7 +38,16 @@ from in_toto_attestation.v1.statement import Statement
 from test_index import make_wheel
 
 from tpfix import advisories, attest, package, sbom
-from tpfix.common import ROOT, Fail, get_line, line_names, read_version, sdist_pin, wheel_pin
+from tpfix.common import (
+    ROOT,
+    Fail,
+    get_line,
+    line_names,
+    public_url,
+    read_version,
+    sdist_pin,
+    wheel_pin,
+)
 from tpfix.patchfile import read_series
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
@@ -61,16 +70,17 @@ def _check_sums(dist: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _keypair(folder: Path) -> tuple[Path, Path]:
+def _keypair(folder: Path, password: bytes | None = None) -> tuple[Path, Path]:
     """A throwaway ed25519 key pair, made for this test only."""
     key = ed25519.Ed25519PrivateKey.generate()
     priv, pub = folder / "signing.pem", folder / "signing.pub.pem"
+    enc = (
+        serialization.BestAvailableEncryption(password)
+        if password
+        else serialization.NoEncryption()
+    )
     priv.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
     )
     pub.write_bytes(
         key.public_key().public_bytes(
@@ -87,7 +97,8 @@ def _publish_small(tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None 
     sdist, official = tmp / "vllm-0.27.1.tar.gz", tmp / "vllm-0.27.1-py3-none-any.whl"
     sdist.write_bytes(b"stand-in for the pinned sdist")
     official.write_bytes(b"stand-in for the official wheel")
-    extras = package.describe(wheel, get_line(), sdist, official, "x86_64", "1700000000", key)
+    signer = attest.load_signer(key) if key else None
+    extras = package.describe(wheel, get_line(), sdist, official, "x86_64", "1700000000", signer)
     final = package.publish(wheel, dist, extras)
     return dist, final, sdist, official
 
@@ -232,6 +243,53 @@ def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
         attest.verify(forged, pub, wheel)
     with pytest.raises(Fail, match="is not the subject"):
         attest.verify(env, pub, dist / f"{wheel.name}.metadata")
+
+
+def test_the_signing_key_is_loaded_once_and_hidden_from_the_build(tmp_path: Path, monkeypatch):
+    """The key's path and passphrase leave the environment before any build
+    step runs (upstream's setup.py inherits it)."""
+    priv, _ = _keypair(tmp_path, b"a passphrase")
+    monkeypatch.setenv("TPFIX_SIGNING_KEY", str(priv))
+    monkeypatch.setenv("TPFIX_SIGNING_KEY_PASSWORD", "a passphrase")
+    signer = attest.signing_key(None)
+    assert signer is not None
+    assert "TPFIX_SIGNING_KEY" not in os.environ
+    assert "TPFIX_SIGNING_KEY_PASSWORD" not in os.environ
+    assert attest.signing_key(None) is None  # nothing given: unsigned
+
+
+def test_a_statement_of_another_kind_is_refused(tmp_path: Path):
+    priv, pub = _keypair(tmp_path)
+    env = tmp_path / "other.intoto.jsonl"
+    payload = json.dumps(
+        {
+            "_type": "https://in-toto.io/Statement/v1",
+            "subject": [],
+            "predicateType": "https://example.invalid/other",
+        }
+    ).encode()
+    env.write_text(attest.sign(payload, attest.load_signer(priv)))
+    with pytest.raises(Fail, match="not an in-toto v1 statement with a SLSA v1 provenance"):
+        attest.verify(env, pub)
+
+
+@pytest.mark.parametrize(
+    ("url", "published"),
+    [
+        (
+            "https://alice:ghp_SECRET@github.com/acme/vllm-tpfix.git",
+            "https://github.com/acme/vllm-tpfix.git",
+        ),
+        ("git@github.com:acme/vllm-tpfix.git", "ssh://github.com/acme/vllm-tpfix.git"),
+        ("https://idx.example/simple?token=SECRET#x", "https://idx.example/simple"),
+        ("/work/main", ""),
+        ("file:///work/main", ""),
+        ("", ""),
+    ],
+)
+def test_urls_are_published_without_credentials_or_local_paths(url: str, published: str):
+    """What goes into the provenance and the image's source label."""
+    assert public_url(url) == published
 
 
 def test_a_bad_signing_key_stops_the_build_before_any_download(tmp_path: Path):
@@ -570,8 +628,11 @@ def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
 
 
 def test_recorded_command_leaves_out_output_folders_only():
-    argv = ["--line", "v0.33.0", "--dist", "/x", "--workdir=/w", "--sign-key", "k", "--image"]
-    assert attest.build_command(argv) == "./build.sh --line v0.33.0 --image"
+    args = ["--line", "v0.33.0", "--dist", "/x", "--workdir=/w", "--sign-key", "k", "--image"]
+    pipeline = str(ROOT / "scripts" / "tpfix" / "pipeline.py")  # sys.argv[0] of ./build.sh
+    assert attest.build_command([pipeline, *args]) == "./build.sh --line v0.33.0 --image"
+    image = str(ROOT / "scripts" / "tpfix" / "image.py")
+    assert attest.build_command([image, "--dist", "d"]) == "python -m tpfix.image"
 
 
 @pytest.mark.slow

@@ -50,6 +50,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "urn:tpfix:build-type:{}:v1"  # wheel, image
 BUILDER_ID = "urn:tpfix:builder:build.sh"
 SIGNING_KEY_ENV = "TPFIX_SIGNING_KEY"
+PASSWORD_ENV = "TPFIX_SIGNING_KEY_PASSWORD"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 
 def _rd(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescriptor:
@@ -90,16 +92,17 @@ def _tools() -> dict[str, str]:
 
 def statement(
     kind: str,
-    subject_name: str,
-    subject_digest: str,
+    subjects: list[tuple[str, str]],
     external: dict,
     deps: list[ResourceDescriptor],
     epoch: str | int,
 ) -> dict:
-    """The statement as a plain dict (in-toto-attestation validates it)."""
+    """The statement about `subjects` ((name, sha256) each) as a plain dict
+    (in-toto-attestation validates it)."""
     commit = revision()
     head = commit.removesuffix("-dirty")
-    # No uri without an origin remote: a local path would differ per checkout.
+    # The origin remote without credentials; none for a local path (it would
+    # differ per checkout).
     builder_dep = ResourceDescriptor(
         name="vllm-tpfix",
         uri=f"git+{source_url()}@{head}" if source_url() else "",
@@ -118,8 +121,8 @@ def statement(
     )
     prov.build_definition.external_parameters.update(external)
     prov.build_definition.internal_parameters.update(internal)
-    subject = _rd(subject_name, subject_digest)
-    stmt = Statement([subject.pb], PREDICATE_TYPE, json_format.MessageToDict(prov))
+    subject = [_rd(name, digest).pb for name, digest in subjects]
+    stmt = Statement(subject, PREDICATE_TYPE, json_format.MessageToDict(prov))
     stmt.validate()
     for d in deps:
         d.validate()
@@ -133,15 +136,19 @@ _OUTPUT_OPTIONS = ("--dist", "--workdir", "--image-dir", "--sign-key")
 
 def build_command(argv: list[str] | None = None) -> str:
     """How this build was started (build.sh runs tpfix.pipeline with its
-    arguments), less the output folders and the signing key's path."""
-    args, out = list(sys.argv[1:] if argv is None else argv), []
+    arguments; `python -m tpfix.image` builds an image alone), less the output
+    folders and the signing key's path."""
+    argv = sys.argv if argv is None else argv
+    stem = Path(argv[0]).stem
+    prog = ["./build.sh"] if stem in ("pipeline", "build.sh") else ["python", "-m", f"tpfix.{stem}"]
+    args, out = list(argv[1:]), []
     while args:
         a = args.pop(0)
         if a in _OUTPUT_OPTIONS:
             args = args[1:]
         elif not a.startswith(tuple(o + "=" for o in _OUTPUT_OPTIONS)):
             out.append(a)
-    return shlex.join(["./build.sh", *out])
+    return shlex.join([*prog, *out])
 
 
 def dumps(stmt: dict) -> str:
@@ -151,32 +158,33 @@ def dumps(stmt: dict) -> str:
 # --- signing (DSSE) ------------------------------------------------------------
 
 
-def _signer(key: Path):
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-    from securesystemslib.signer import CryptoSigner
-
+def load_signer(key: Path):
+    """A signer of the PEM private key `key` (passphrase: $TPFIX_SIGNING_KEY_PASSWORD)."""
     try:
-        private = load_pem_private_key(key.read_bytes(), password=_password())
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+        from securesystemslib.signer import CryptoSigner
+    except ImportError as e:
+        raise Fail(
+            f"signing needs securesystemslib[crypto] ({e}): ./build.sh installs it"
+        ) from None
+    pw = os.environ.get(PASSWORD_ENV)
+    try:
+        private = load_pem_private_key(key.read_bytes(), password=pw.encode() if pw else None)
+        return CryptoSigner(private)
     except (OSError, ValueError, TypeError) as e:
         raise Fail(
             f"signing key {key}: {e}; give a PEM private key (ed25519, ECDSA or RSA) "
-            f"with --sign-key or ${SIGNING_KEY_ENV}, its passphrase in "
-            "$TPFIX_SIGNING_KEY_PASSWORD if it has one"
+            f"with --sign-key or ${SIGNING_KEY_ENV}, its passphrase in ${PASSWORD_ENV} "
+            "if it has one"
         ) from None
-    return CryptoSigner(private)
 
 
-def _password() -> bytes | None:
-    pw = os.environ.get("TPFIX_SIGNING_KEY_PASSWORD")
-    return pw.encode() if pw else None
-
-
-def sign(payload: bytes, key: Path) -> str:
+def sign(payload: bytes, signer) -> str:
     """A DSSE envelope over `payload` (one JSON line, the .intoto.jsonl form)."""
     from securesystemslib.dsse import Envelope
 
     env = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
-    env.sign(_signer(key))
+    env.sign(signer)
     return json.dumps(env.to_dict(), sort_keys=True) + "\n"
 
 
@@ -200,6 +208,8 @@ def verify(envelope: Path, public_key: Path, artifact: Path | None = None) -> di
     except VerificationError as e:
         raise Fail(f"{envelope}: signature does not verify with {public_key}: {e}") from None
     stmt = json.loads(env.payload)
+    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
+        raise Fail(f"{envelope}: not an in-toto v1 statement with a SLSA v1 provenance")
     if artifact is not None:
         digest = sha256_file(artifact)
         subjects = [s["digest"].get("sha256") for s in stmt["subject"]]
@@ -212,12 +222,18 @@ def signed_name(statement_name: str) -> str:
     return statement_name.removesuffix(".provenance.json") + ".intoto.jsonl"
 
 
-def signing_key(given: Path | None) -> Path | None:
-    """--sign-key, else $TPFIX_SIGNING_KEY, else none (unsigned statement only)."""
-    key = given or (Path(os.environ[SIGNING_KEY_ENV]) if os.environ.get(SIGNING_KEY_ENV) else None)
-    if key is not None:
-        _signer(key)  # a bad key stops the build before anything is built
-    return key
+def signing_key(given: Path | None):
+    """The signer of --sign-key, else of $TPFIX_SIGNING_KEY, else None (an
+    unsigned statement only).  Loaded once, before anything is built, so a bad
+    key stops the build at once; both variables are then removed from this
+    process's environment, so that no build step (upstream's setup.py
+    included) sees the key's path or its passphrase."""
+    env_key = os.environ.pop(SIGNING_KEY_ENV, None)
+    key = given or (Path(env_key) if env_key else None)
+    try:
+        return load_signer(key) if key is not None else None
+    finally:
+        os.environ.pop(PASSWORD_ENV, None)
 
 
 def main() -> None:
@@ -233,12 +249,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "sign":
         out = args.statement.with_name(signed_name(args.statement.name))
-        out.write_text(sign(args.statement.read_bytes(), args.key))
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(sign(args.statement.read_bytes(), load_signer(args.key)))
+        os.replace(tmp, out)
         print(out)
     else:
         stmt = verify(args.envelope, args.key, args.artifact)
         subj = ", ".join(f"{s['name']} sha256:{s['digest']['sha256']}" for s in stmt["subject"])
         print(f"{args.envelope}: signature OK; subject {subj}")
+        if args.artifact is None:
+            print("  (the artifact itself was not checked: give --artifact FILE)", file=sys.stderr)
         deps = stmt["predicate"]["buildDefinition"].get("resolvedDependencies", [])
         for d in deps:
             print(f"  built from {d.get('name')} sha256:{d['digest'].get('sha256')}")

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -267,9 +268,26 @@ def revision() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def public_url(url: str) -> str:
+    """`url` fit to publish: a network URL without user, password, query or
+    fragment (they may hold a token), an scp-style git remote as ssh://; empty
+    for anything else (a local path or file URL would name this machine)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = url.strip()
+    scp = re.fullmatch(r"(?:[^@/:]+@)?([A-Za-z0-9.-]+):(?!//)([^\\]+)", url)
+    if scp and "://" not in url:
+        return f"ssh://{scp.group(1)}/{scp.group(2).lstrip('/')}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http", "ssh", "git") or not parts.hostname:
+        return ""
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def source_url() -> str:
-    """The `origin` remote, empty without one."""
-    return git("remote", "get-url", "origin")
+    """The `origin` remote as public_url() publishes it, empty without one."""
+    return public_url(git("remote", "get-url", "origin"))
 
 
 def add_sign_arg(ap) -> None:

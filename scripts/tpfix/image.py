@@ -59,9 +59,11 @@ from tpfix.common import (
     line_names,
     load_pins,
     main_wrapper,
+    public_url,
     read_version,
     revision,
     run,
+    sha256_file,
     shown,
     source_url,
 )
@@ -489,9 +491,15 @@ def build_image(
     return Built(tag, eng, archive, out, seconds, dist, ctx)
 
 
-def describe_image(built: Built, line: Line, base: str, sign_key: Path | None = None) -> list[Path]:
+def describe_image(
+    built: Built, line: Line, base: str, signer=None, flashinfer_index: str = ""
+) -> list[Path]:
     """SBOM and provenance of an image built by tpfix.image (a `Built`), in
-    <dist>/image/ beside its archive, then SHA256SUMS with them added."""
+    <dist>/image/ beside its archive, then SHA256SUMS with them added.
+
+    The statement's subjects: the image by its config digest (the image ID;
+    a registry's manifest digest exists only once it is pushed: attest that
+    one where you push, e.g. `cosign attest`) and the docker-archive file."""
     from tpfix import attest, sbom
     from tpfix.fetch import fetch_sdist, fetch_wheel
 
@@ -509,6 +517,8 @@ def describe_image(built: Built, line: Line, base: str, sign_key: Path | None = 
     bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name)
     texts = {f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]
+    if built.archive is not None:
+        subjects.append((built.archive.name, sha256_file(built.archive)))
     base_dep = (
         [attest._rd(base, inv["base"]["digest"], f"docker://{base}")]
         if inv["base"]["digest"]
@@ -520,12 +530,13 @@ def describe_image(built: Built, line: Line, base: str, sign_key: Path | None = 
         "line": line.tag,
         "base": base,
         "version": version,
+        "flashinfer index": public_url(flashinfer_index),
     }
-    stmt = attest.statement("image", *subjects[0], external, deps, epoch)
+    stmt = attest.statement("image", subjects, external, deps, epoch)
     texts[f"{name}.provenance.json"] = attest.dumps(stmt)
-    if sign_key is not None:
+    if signer is not None:
         texts[attest.signed_name(f"{name}.provenance.json")] = attest.sign(
-            texts[f"{name}.provenance.json"].encode(), sign_key
+            texts[f"{name}.provenance.json"].encode(), signer
         )
     out = []
     for fname, text in texts.items():
@@ -608,9 +619,9 @@ def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
     print(built.ref)
     if built.archive:
         print(built.archive)
-    _step("image: SBOM, provenance" + (" (signed)" if args.sign_key else ""))
+    _step("image: SBOM, provenance" + (" (signed)" if args.signer else ""))
     for path in describe_image(
-        built, args.line, args.base or default_base(args.line), args.sign_key
+        built, args.line, args.base or default_base(args.line), args.signer, args.flashinfer_index
     ):
         print(path)
     return built
@@ -626,7 +637,7 @@ def main() -> None:
     args = ap.parse_args()
     from tpfix.attest import signing_key
 
-    args.sign_key = signing_key(args.sign_key)
+    args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.

@@ -37,10 +37,10 @@ def describe(
     official: Path,
     arch: str,
     epoch: str,
-    sign_key: Path | None = None,
+    signer=None,
 ) -> list[Path]:
-    """Write the SBOM, provenance (signed with `sign_key`) and index beside the
-    staged `wheel`; returns them, relative to the wheel's folder."""
+    """Write the SBOM, provenance (signed by `signer`, attest.signing_key) and
+    index beside the staged `wheel`; returns them, relative to its folder."""
     from tpfix import attest, index, sbom
     from tpfix.common import read_version
 
@@ -61,18 +61,17 @@ def describe(
     stmt = attest.dumps(
         attest.statement(
             "wheel",
-            wheel.name,
-            sha256_file(wheel),
+            [(wheel.name, sha256_file(wheel))],
             external,
             attest.upstream_deps(line, sdist, official),
             epoch,
         )
     )
     write(f"{wheel.name}.provenance.json", stmt)
-    if sign_key is not None:
+    if signer is not None:
         write(
             attest.signed_name(f"{wheel.name}.provenance.json"),
-            attest.sign(stmt.encode(), sign_key),
+            attest.sign(stmt.encode(), signer),
         )
     out += index.write_index(staging, [wheel])
     return out

@@ -90,9 +90,7 @@ def check_tools() -> None:
         )
 
 
-def _run_locked(
-    arch: str, dist: Path, workdir: Path, line: Line, sign_key: Path | None = None
-) -> Path:
+def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Path:
     """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
     version = read_version(line.version_file)
     tag = line.tag
@@ -138,8 +136,8 @@ def _run_locked(
                 f"{wheel.name} differs from the official wheel beyond the series "
                 "(nothing was written to dist/):\n  " + "\n  ".join(problems)
             )
-        _step("package: SBOM, provenance" + (" (signed)" if sign_key else "") + ", index")
-        extras = describe(wheel, line, sdist, official, arch, epoch, sign_key)
+        _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
+        extras = describe(wheel, line, sdist, official, arch, epoch, signer)
         _step(f"package into {dist}")
         final = publish(wheel, dist, extras)
     finally:
@@ -170,14 +168,14 @@ def main() -> None:
     check_tools()
     from tpfix.attest import signing_key
 
-    sign_key = args.sign_key = signing_key(args.sign_key)
+    signer = args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     args.workdir = args.workdir or line.workdir
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        final = _run_locked(args.arch, args.dist, args.workdir, line, sign_key)
+        final = _run_locked(args.arch, args.dist, args.workdir, line, signer)
         print(final, flush=True)
         if args.image:
             image_from_args(args, args.dist)
