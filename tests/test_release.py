@@ -343,6 +343,60 @@ def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     _check_sums(dist)
 
 
+def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
+    tmp_path: Path, monkeypatch
+):
+    """Kill publish (KeyboardInterrupt, as SIGTERM becomes) at its n-th move or
+    at SHA256SUMS: every file is the old or the new one in full, and a new
+    publish leaves a dist/ that `sha256sum -c` accepts, with nothing stale."""
+    dist, old, sd, off = _publish_small(tmp_path / "first", "0.27.1+tpfix.2")
+    (dist / "image").mkdir()
+    (dist / "image" / "old.cdx.json").write_text("{}")  # an image of the old wheel
+    package.write_sums(dist, [*package.listed(dist), Path("image/old.cdx.json")])
+    whole = {p.read_bytes() for p in dist.rglob("*") if p.is_file()}
+    old_sums = (dist / "SHA256SUMS").read_bytes()
+    real_replace = os.replace
+    for n in range(1, 12):
+        staging = tmp_path / f"staging{n}"
+        wheel = make_wheel(staging, "0.27.1+tpfix.3")
+        extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+        staged = {p.relative_to(staging): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
+        whole |= set(staged.values())
+        calls = []
+
+        def dying_replace(src, dst, calls=calls, n=n):
+            calls.append(dst)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", dying_replace)
+        try:
+            package.publish(wheel, dist, extras)
+            finished = True
+        except KeyboardInterrupt:
+            finished = False
+        monkeypatch.setattr(os, "replace", real_replace)
+        for p in dist.rglob("*"):
+            if p.is_file() and not p.name.startswith(".") and p.name != "SHA256SUMS":
+                assert p.read_bytes() in whole, f"step {n}: {p} is not a whole file"
+        # SHA256SUMS is the old one, or a new one all of whose files are in place
+        if (dist / "SHA256SUMS").read_bytes() != old_sums:
+            _check_sums(dist)
+        if finished:
+            break
+    else:
+        pytest.fail("publish never got past 11 moves")
+    assert n > 3  # it was killed at each earlier step
+    # the next build (here: the same files staged again) repairs whatever was left
+    staging = tmp_path / "again"
+    wheel = make_wheel(staging, "0.27.1+tpfix.3")
+    package.publish(wheel, dist, package.describe(wheel, get_line(), sd, off, "x86_64", "1", None))
+    _check_sums(dist)
+    assert not (dist / "image" / "old.cdx.json").exists()  # listed before, not now: removed
+    assert not [p for p in dist.glob("vllm-0.27.1+tpfix.2*")]
+
+
 # --- advisories --------------------------------------------------------------------
 
 ADVISORY = {

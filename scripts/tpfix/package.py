@@ -10,11 +10,15 @@ Beside the wheel, in the staging folder first (`describe`):
   simple/                   a static PEP 503 index of dist/ (tpfix.index)
   SHA256SUMS                every file above, in `sha256sum -c` form
 
-`publish` moves the wheel, then each of them into dist/ with os.replace
-(atomic on one file system; simple/ by renaming the folder), SHA256SUMS
-last; older vllm files in dist/
-are removed only after that.  An interrupted run leaves dist/ as it was,
-apart from files SHA256SUMS does not list yet.
+`publish` moves the wheel, then each of them into dist/ (os.replace, atomic
+on one file system; simple/ by renaming the folder), then writes SHA256SUMS
+(atomically too), then removes what the old SHA256SUMS listed and the new
+one does not (an older wheel's files, the image files of an older wheel)
+and any other vllm-* file.  So every file in dist/ is always whole, old
+bytes or new, never part of either; SHA256SUMS changes only once all it
+lists is in place.  A run killed between two moves leaves a mix of old and
+new files, which `sha256sum -c SHA256SUMS` reports; the next build replaces
+it (tests/test_release.py kills one at every step).
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
     """Move the staged wheel and its `extras` (relative to its folder) into dist/."""
     staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
+    before = set(listed(dist))
     final = dist / wheel.name
     os.replace(wheel, final)
     tops = {Path(p.parts[0]) for p in extras}
@@ -153,7 +158,10 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(src, dest)
-    write_sums(dist, [Path(final.name), *extras])
+    now = [Path(final.name), *extras]
+    write_sums(dist, now)
+    for rel in before - set(now):
+        (dist / rel).unlink(missing_ok=True)
     keep = {final.name, *(str(t) for t in tops)}
     for old in dist.glob("vllm-*"):
         if old.name not in keep and old.is_file():
