@@ -37,7 +37,7 @@ from in_toto_attestation.v1 import statement_pb2
 from in_toto_attestation.v1.statement import Statement
 from test_index import make_wheel
 
-from tpfix import advisories, attest, package, sbom
+from tpfix import advisories, attest, package, sbom, triage
 from tpfix.common import (
     ROOT,
     Fail,
@@ -572,7 +572,7 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
 )
 def test_a_bad_triage_entry_is_refused_before_any_audit(tmp_path: Path, text: str, message: str):
     with pytest.raises(Fail, match=re.escape(message)):
-        advisories.load_triage(_triaged_line(tmp_path, text))
+        triage.load_triage(_triaged_line(tmp_path, text))
 
 
 def test_markers_are_evaluated_for_the_image_not_this_host(tmp_path: Path):
@@ -722,7 +722,7 @@ def test_real_advisory_source_reports_or_fails_loudly(built_wheel: Path, tmp_pat
 
 @pytest.mark.parametrize("name", [n for n in line_names()])
 def test_every_lines_triage_file_loads(name: str):
-    path, entries = advisories.load_triage(get_line(name))
+    path, entries = triage.load_triage(get_line(name))
     assert path.exists(), f"{path}: each line keeps its (possibly empty) triage"
     assert isinstance(entries, dict)
 

@@ -58,7 +58,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import uuid
 import zipfile
 from datetime import UTC, datetime
@@ -73,63 +72,11 @@ from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown
 from tpfix.package import find_wheel, listed, write_sums
+from tpfix.triage import load_triage
 from tpfix.worklock import dist_lock
 
-STATES = {
-    "resolved",
-    "resolved_with_pedigree",
-    "exploitable",
-    "in_triage",
-    "false_positive",
-    "not_affected",
-}
-JUSTIFICATIONS = {
-    "code_not_present",
-    "code_not_reachable",
-    "protected_at_perimeter",
-    "protected_at_runtime",
-    "protected_by_compiler",
-    "protected_by_mitigating_control",
-    "requires_configuration",
-    "requires_dependency",
-    "requires_environment",
-}
 # glibc of the Ubuntu release the official image's docker/Dockerfile names.
 UBUNTU_GLIBC = {"20.04": "2_31", "22.04": "2_35", "24.04": "2_39"}
-
-
-def triage_path(line: Line) -> Path:
-    return line.series.parent / "advisories.toml"
-
-
-def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
-    """The line's advisories.toml, checked: {advisory id: entry}."""
-    path = triage_path(line)
-    if not path.exists():
-        return path, {}
-    try:
-        entries = tomllib.loads(path.read_text()).get("advisory", [])
-    except tomllib.TOMLDecodeError as e:
-        raise Fail(f"{shown(path)}: not valid TOML: {e}") from None
-    series = set(line.series.read_text().split())
-    out = {}
-    for e in entries:
-        where = f"{shown(path)}: {e.get('id', '(an entry without id)')}"
-        if not e.get("id"):
-            raise Fail(f"{where}: every [[advisory]] needs an `id`")
-        if e.get("state") not in STATES:
-            raise Fail(f"{where}: state must be one of {sorted(STATES)}")
-        if e.get("justification") and e["justification"] not in JUSTIFICATIONS:
-            raise Fail(f"{where}: justification must be one of {sorted(JUSTIFICATIONS)}")
-        if e["state"] == "not_affected" and not e.get("justification"):
-            raise Fail(f"{where}: not_affected needs a `justification`")
-        if "patch" in e and (e["patch"] not in series or e["state"] != "resolved_with_pedigree"):
-            raise Fail(
-                f"{where}: `patch` must name a patch of the series, with state "
-                "resolved_with_pedigree (the SBOM's pedigree holds the patch)"
-            )
-        out[e["id"]] = e
-    return path, out
 
 
 # --- the dependency set ------------------------------------------------------------

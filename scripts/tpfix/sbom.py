@@ -65,6 +65,7 @@ from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, main_wrapper, sha256_file
 from tpfix.patchfile import read_patch, read_series
+from tpfix.triage import load_triage
 
 SCHEMA = SchemaVersion.V1_6
 _GITHUB = "https://github.com/"
@@ -93,8 +94,6 @@ def patch_entries(line: Line) -> list[Patch]:
     them; each issue's id starts with the patch's number and its description
     says its place in the series.  Advisories that advisories.toml says a patch
     fixes are among its `resolves`, as security issues."""
-    from tpfix.advisories import load_triage
-
     _, triage = load_triage(line)
     names = read_series(line.series)
     out = []
