@@ -3,14 +3,19 @@
 """What dist/ holds beside the wheel: SBOM, provenance (signed or not), index,
 SHA256SUMS, and the advisory report with its VEX.
 
-Fast: the package stage (tpfix.package.describe + publish, the real code) on
-a tiny wheel made here, with two small files standing in for the upstream
-sdist and official wheel (only their sha256 goes into the documents) and
-the default line's real series.  The advisory tests run the real pip-audit
+The package stage (tpfix.package.describe + publish, the real code) runs on a
+tiny wheel made here, with two small files standing in for the upstream sdist
+and official wheel (only their sha256 goes into the documents) and the
+default line's real series.  The advisory tests run the real pip-audit
 against an OSV-compatible service simulated on 127.0.0.1 (it answers one
-made-up advisory for vllm 0.27.1), and against a port nobody listens on.
-Slow: the same checks on the dist/ of a real ./build.sh, and the real
-advisory command against the real index.
+made-up advisory for vllm 0.27.1 and one for jinja2), and against a port
+nobody listens on; the real uv resolves from an index of tiny wheels served
+on 127.0.0.1.
+
+Fast tier: what needs neither a subprocess, a server nor the pinned sdist
+(the tier for editing a patch needs none of this).  Slow tier: the rest, and
+the same checks on the dist/ of a real ./build.sh, and the real advisory
+command against the real index.
 """
 
 from __future__ import annotations
@@ -343,6 +348,7 @@ def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     _check_sums(dist)
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
     tmp_path: Path, monkeypatch
 ):
@@ -463,6 +469,7 @@ def _pinned(tmp: Path) -> Path:
     return req
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
     dist, wheel, _, _ = _publish_small(tmp_path)
     proc = _advise(
@@ -520,6 +527,7 @@ def _triaged_line(tmp: Path, text: str):
     return type(line)(line.version_file, line.pins, repo / "patches")
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
     """advisories.toml beside the series: a patch that resolves it, or why it does not apply."""
     name = read_series(get_line().series)[1]
@@ -575,6 +583,7 @@ def test_a_bad_triage_entry_is_refused_before_any_audit(tmp_path: Path, text: st
         triage.load_triage(_triaged_line(tmp_path, text))
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_markers_are_evaluated_for_the_image_not_this_host(tmp_path: Path):
     """This host runs Python 3.11 on x86_64; the image runs 3.12 (and the
     aarch64 wheel an aarch64 one): what the audit must cover follows the image."""
@@ -597,6 +606,7 @@ def test_markers_are_evaluated_for_the_image_not_this_host(tmp_path: Path):
         advisories.check_covers([("always", "1")], advisories.needed(wheel, x86["env"]), "a set")
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
     """The real resolver (uv), from an index of tiny wheels served on 127.0.0.1
     (our own tpfix.index pages): a requirement with a marker true only in the
@@ -626,6 +636,7 @@ def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
     assert sorted(pins) == [("dep-a", "1.0"), ("vllm", wheel.name.split("-")[1])]
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: Path):
     dist, wheel, _, _ = _publish_small(tmp_path)
     before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
@@ -727,6 +738,7 @@ def test_every_lines_triage_file_loads(name: str):
     assert isinstance(entries, dict)
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str):
     """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
     code, on an inventory written here), report and VEX beside that SBOM."""
