@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import standin_image
+from packageurl import PackageURL
 
 from tpfix import image, sbom
 from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, read_version
@@ -657,8 +658,16 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     assert root["hashes"][0]["content"] == inv["image"]["config_digest"].removeprefix("sha256:")
     comps = {c["bom-ref"]: c for c in doc["components"]}
     (base_c,) = [c for c in comps.values() if c["type"] == "container"]
-    assert base_c["name"] == base
+    repo, tag = base.rsplit(":", 1)  # localhost/vllm-standin-base:<key>
+    assert (base_c["name"], base_c["version"]) == (repo, tag)
     assert base_c["hashes"][0]["content"] == inv["base"]["digest"].removeprefix("sha256:")
+    purl = PackageURL.from_string(base_c["purl"])
+    assert (purl.type, purl.name, purl.version) == (
+        "oci",
+        repo.rsplit("/", 1)[1],
+        inv["base"]["digest"],
+    )
+    assert purl.qualifiers == {"repository_url": repo, "tag": tag}
     libs = sorted((c["name"], c["version"]) for c in comps.values() if c["type"] == "library")
     assert libs == sorted((d["name"], d["version"]) for d in inv["python"])
     (ours,) = [c for c in comps.values() if c["name"] == "vllm"]
