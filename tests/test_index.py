@@ -3,11 +3,11 @@
 """The static PEP 503 index of a dist folder (scripts/tpfix/index.py).
 
 Fast: a tiny wheel made here (project vllm, a local version), its index pages
-and .metadata file, byte-identical on a second run, and pip resolving it from
-the dist folder served by http.server on 127.0.0.1, with pip cut off from
-this machine's configuration (no config file, no PIP_* variables, no cache),
-so our index is all it can see.  Slow: the same for the wheel ./build.sh
-builds.
+and .metadata file, byte-identical on a second run.  Slow: pip resolving it
+from the dist folder served by http.server on 127.0.0.1, with pip cut off
+from this machine's configuration (no config file, no PIP_* variables, no
+cache), so our index is all it can see; and the same for the wheel
+./build.sh builds.
 """
 
 from __future__ import annotations
@@ -278,6 +278,7 @@ def check_pip_used_the_index(dist: Path, wheel: Path, version: str, tmp: Path) -
     assert set(got) <= {"/simple/vllm/", f"/{quoted}.metadata", f"/{quoted}"}, paths
 
 
+@pytest.mark.slow  # pip and a server: not while editing a patch
 def test_pip_resolves_from_the_served_dist_folder(tmp_path):
     dist = tmp_path / "dist"
     wheel = make_wheel(dist)

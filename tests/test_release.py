@@ -12,10 +12,11 @@ made-up advisory for vllm 0.27.1 and one for jinja2), and against a port
 nobody listens on; the real uv resolves from an index of tiny wheels served
 on 127.0.0.1.
 
-Fast tier: what needs neither a subprocess, a server nor the pinned sdist
-(the tier for editing a patch needs none of this).  Slow tier: the rest, and
-the same checks on the dist/ of a real ./build.sh, and the real advisory
-command against the real index.
+Fast tier: the checks of inputs and the pure functions (triage entries, URLs,
+a missing tool or a bad key stopping the build); the tier for editing a
+patch needs no more of this.  Slow tier: every package stage, subprocess or
+server, the same checks on the dist/ of a real ./build.sh, and the real
+advisory command against the real index.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def _trailers(path: Path):
 # --- fast: the package stage on a small wheel ---------------------------------------
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_path: Path):
     dist, wheel, sdist, official = _publish_small(tmp_path)
     files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
@@ -166,6 +168,7 @@ def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_pa
     assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_sbom_names_the_upstream_inputs_and_each_patch(tmp_path: Path):
     dist, wheel, sdist, official = _publish_small(tmp_path)
     doc = _check_sbom(dist / f"{wheel.name}.cdx.json", wheel, _sha(sdist), _sha(official))
@@ -182,6 +185,7 @@ def test_sbom_schema_check_rejects_a_broken_document():
         sbom.validate(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6", "version": "x"}))
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     dist, wheel, sdist, official = _publish_small(tmp_path)
     stmt = _statement(dist / f"{wheel.name}.provenance.json")
@@ -203,12 +207,14 @@ def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     assert "startedOn" not in json.dumps(stmt)  # reproducible: no clock in it
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_package_stage_is_byte_reproducible(tmp_path: Path):
     a, wa, _, _ = _publish_small(tmp_path / "a")
     b, wb, _, _ = _publish_small(tmp_path / "b")
     assert (a / "SHA256SUMS").read_bytes() == (b / "SHA256SUMS").read_bytes()
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
     priv, pub = _keypair(tmp_path)
     dist, wheel, _, _ = _publish_small(tmp_path, key=priv)
@@ -330,6 +336,7 @@ def test_a_missing_tool_is_named_before_any_download(monkeypatch):
         pipeline.check_tools()
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     dist, old, _, _ = _publish_small(tmp_path / "one", "0.27.1+tpfix.2")
     (dist / f"{old.name}.vex.cdx.json").write_text("{}")  # an advisory report of the old one
