@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, Fail, read_version
-from tpfix.index import wheel_metadata, write_index
+from tpfix.common import ROOT, Fail, read_version, wheel_metadata
+from tpfix.index import write_index
 
 VERSION = "0.0.1+tpfix.1"
 REQUIRES_PYTHON = ">=3.10,<3.15"

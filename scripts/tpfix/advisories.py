@@ -59,9 +59,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-import zipfile
 from datetime import UTC, datetime
-from email.parser import Parser
 from hashlib import sha256
 from importlib import metadata
 from pathlib import Path
@@ -70,7 +68,7 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown
+from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown, wheel_message
 from tpfix.package import find_wheel, listed, write_sums
 from tpfix.triage import load_triage
 from tpfix.worklock import dist_lock
@@ -83,10 +81,7 @@ UBUNTU_GLIBC = {"20.04": "2_31", "22.04": "2_35", "24.04": "2_39"}
 
 
 def _requires(wheel: Path) -> list[Requirement]:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = Parser().parsestr(z.read(name).decode())
-    return [Requirement(r) for r in msg.get_all("Requires-Dist") or []]
+    return [Requirement(r) for r in wheel_message(wheel).get_all("Requires-Dist") or []]
 
 
 def target(line: Line, arch: str) -> dict:

@@ -251,6 +251,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_METADATA = re.compile(r"^[^/]+\.dist-info/METADATA$")
+
+
+def wheel_metadata(wheel: Path) -> bytes:
+    """The bytes of the wheel's one top-level .dist-info/METADATA."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            names = [n for n in z.namelist() if _METADATA.match(n)]
+            if len(names) != 1:
+                raise Fail(f"{shown(wheel)}: {len(names)} .dist-info/METADATA files, not one")
+            return z.read(names[0])
+    except zipfile.BadZipFile as e:
+        raise Fail(f"{shown(wheel)}: not a wheel ({e})") from None
+
+
+def wheel_message(wheel: Path):
+    """The wheel's METADATA parsed (an email.message.Message, as pip reads it)."""
+    from email.parser import Parser
+
+    return Parser().parsestr(wheel_metadata(wheel).decode("utf-8"))
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, text=True, capture_output=True, **kw)
 

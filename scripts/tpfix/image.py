@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
@@ -66,6 +65,7 @@ from tpfix.common import (
     sha256_file,
     shown,
     source_url,
+    wheel_metadata,
 )
 from tpfix.package import find_wheel, listed, wheel_entry, write_sums
 from tpfix.patchfile import read_series, series_digest
@@ -99,9 +99,7 @@ def default_tag(version: str | None = None) -> str:
 
 
 def requires(wheel: Path) -> list[str]:
-    with zipfile.ZipFile(wheel) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        text = z.read(meta).decode()
+    text = wheel_metadata(wheel).decode()
     return [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Requires-")]
 
 

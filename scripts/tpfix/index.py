@@ -40,30 +40,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import tempfile
-import zipfile
 from email.parser import Parser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from simple503 import WheelFile, generate_index, generate_project_page
 
-from tpfix.common import Fail, main_wrapper, shown
-
-_METADATA = re.compile(r"^[^/]+\.dist-info/METADATA$")
-
-
-def wheel_metadata(wheel: Path) -> bytes:
-    """The bytes of the wheel's .dist-info/METADATA."""
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            names = [n for n in z.namelist() if _METADATA.match(n)]
-            if len(names) != 1:
-                raise Fail(f"{shown(wheel)}: {len(names)} .dist-info/METADATA files, not one")
-            return z.read(names[0])
-    except zipfile.BadZipFile as e:
-        raise Fail(f"{shown(wheel)}: not a wheel ({e})") from None
+from tpfix.common import Fail, main_wrapper, shown, wheel_metadata
 
 
 def _field(metadata: bytes, name: str) -> str | None:

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import re
 import uuid
-import zipfile
 from datetime import UTC, datetime
-from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
@@ -63,7 +61,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
-from tpfix.common import Fail, Line, main_wrapper, sha256_file
+from tpfix.common import Fail, Line, main_wrapper, sha256_file, wheel_message
 from tpfix.patchfile import read_patch, read_series
 from tpfix.triage import load_triage
 
@@ -133,9 +131,7 @@ def patch_entries(line: Line) -> list[Patch]:
 
 
 def _metadata(wheel: Path) -> dict:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = Parser().parsestr(z.read(name).decode())
+    msg = wheel_message(wheel)
     return {
         "version": msg["Version"],
         "requires": msg.get_all("Requires-Dist") or [],

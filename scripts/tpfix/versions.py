@@ -36,7 +36,6 @@ import os
 import re
 import tarfile
 import tomllib
-import zipfile
 from email.parser import Parser
 from pathlib import Path
 
@@ -44,7 +43,17 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tpfix.common import ROOT, Fail, Line, get_line, line_names, load_pins, main_wrapper, shown
+from tpfix.common import (
+    ROOT,
+    Fail,
+    Line,
+    get_line,
+    line_names,
+    load_pins,
+    main_wrapper,
+    shown,
+    wheel_metadata,
+)
 from tpfix.common import read_version as _read_version
 
 README = ROOT / "README.md"
@@ -57,9 +66,7 @@ COLUMNS += ("wheel", "image")
 
 
 def _metadata(wheel: Path) -> str:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
-        return z.read(name).decode()
+    return wheel_metadata(wheel).decode()
 
 
 def _exact_pin(requires: list[str], project: str) -> str | None:

@@ -40,7 +40,6 @@ import json
 import re
 import shutil
 import tarfile
-import zipfile
 from pathlib import Path
 
 from tpfix.common import (
@@ -53,6 +52,7 @@ from tpfix.common import (
     main_wrapper,
     shown,
     sigterm_as_interrupt,
+    wheel_metadata,
 )
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
@@ -89,9 +89,7 @@ def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
 def wheel_cuda(wheel: Path, fallback: str) -> str:
     """13.0 when the official wheel's requirements carry [cu13] extras (12.9 for
     [cu12]); `fallback` (the source line's) when they name neither."""
-    with zipfile.ZipFile(wheel) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        text = z.read(meta).decode()
+    text = wheel_metadata(wheel).decode()
     if re.search(r"^Requires-Dist: \S+\[cu13\]", text, re.M):
         return "13.0"
     if re.search(r"^Requires-Dist: \S+\[cu12\]", text, re.M):
