@@ -69,7 +69,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown, wheel_message
-from tpfix.package import find_wheel, listed, write_sums
+from tpfix.package import add_to_dist, find_wheel
 from tpfix.triage import load_triage
 from tpfix.worklock import dist_lock
 
@@ -378,13 +378,7 @@ def write_report(dist: Path, bom_path: Path, report: dict, vex_text: str) -> lis
         folder / f"{stem}.advisories.json": json.dumps(report, indent=2, sort_keys=True) + "\n",
         folder / f"{stem}.vex.cdx.json": vex_text,
     }
-    for rel, text in files.items():
-        tmp = dist / rel.parent / f".{rel.name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(dist / rel)
-    kept = [p for p in listed(dist) if p not in files]
-    write_sums(dist, [*kept, *files])
-    return [dist / rel for rel in files]
+    return add_to_dist(dist, files)
 
 
 def main() -> None:

@@ -42,7 +42,16 @@ from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from tpfix.common import ROOT, Fail, Line, main_wrapper, revision, sha256_file, source_url
+from tpfix.common import (
+    ROOT,
+    Fail,
+    Line,
+    main_wrapper,
+    revision,
+    sha256_file,
+    source_url,
+    write_atomic,
+)
 from tpfix.patchfile import read_series
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -249,9 +258,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "sign":
         out = args.statement.with_name(signed_name(args.statement.name))
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(sign(args.statement.read_bytes(), load_signer(args.key)))
-        os.replace(tmp, out)
+        write_atomic(out, sign(args.statement.read_bytes(), load_signer(args.key)))
         print(out)
     else:
         stmt = verify(args.envelope, args.key, args.artifact)

@@ -251,6 +251,23 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `path` atomically (a temporary file beside it, then os.replace):
+    a reader sees the old file or the new one, never part of it."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 _METADATA = re.compile(r"^[^/]+\.dist-info/METADATA$")
 
 

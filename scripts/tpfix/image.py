@@ -67,7 +67,7 @@ from tpfix.common import (
     source_url,
     wheel_metadata,
 )
-from tpfix.package import find_wheel, listed, wheel_entry, write_sums
+from tpfix.package import add_to_dist, find_wheel, wheel_entry
 from tpfix.patchfile import read_series, series_digest
 from tpfix.worklock import dist_lock
 
@@ -451,6 +451,7 @@ class Built:
     seconds: float
     dist: Path
     ctx: Path
+    epoch: int  # the SOURCE_DATE_EPOCH it was built with
 
 
 def build_image(
@@ -486,7 +487,7 @@ def build_image(
         name = tag.rsplit("/", 1)[-1].replace(":", "-")
         _step(f"image: write {archive_dir / (name + '.tar')}")
         archive = save_archive(eng, tag, archive_dir / f"{name}.tar")
-    return Built(tag, eng, archive, out, seconds, dist, ctx)
+    return Built(tag, eng, archive, out, seconds, dist, ctx, epoch)
 
 
 def describe_image(
@@ -505,15 +506,14 @@ def describe_image(
     wheel, _ = find_wheel(dist)
     arch = "aarch64" if "aarch64" in wheel.name else host_arch()
     sdist, official = fetch_sdist(line.tag), fetch_wheel(arch, line.tag)
-    epoch = source_date_epoch(line)
+    epoch = built.epoch
     inv = image_inventory(built.engine, built.ref, base)
     version = read_version(line.version_file)
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
-    folder = dist / "image"
-    folder.mkdir(exist_ok=True)
     wheel_c = sbom.wheel_component(wheel, line, sdist, official)
     bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name)
-    texts = {f"{name}.cdx.json": sbom.dumps(bom)}
+    folder = Path("image")
+    texts = {folder / f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]
     if built.archive is not None:
         subjects.append((built.archive.name, sha256_file(built.archive)))
@@ -531,22 +531,15 @@ def describe_image(
         "flashinfer index": public_url(flashinfer_index),
     }
     stmt = attest.statement("image", subjects, external, deps, epoch)
-    texts[f"{name}.provenance.json"] = attest.dumps(stmt)
+    statement = folder / f"{name}.provenance.json"
+    texts[statement] = attest.dumps(stmt)
     if signer is not None:
-        texts[attest.signed_name(f"{name}.provenance.json")] = attest.sign(
-            texts[f"{name}.provenance.json"].encode(), signer
+        texts[folder / attest.signed_name(statement.name)] = attest.sign(
+            texts[statement].encode(), signer
         )
-    out = []
-    for fname, text in texts.items():
-        tmp = folder / f".{fname}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, folder / fname)
-        out.append(Path("image") / fname)
-    if built.archive is not None and built.archive.parent == folder:
-        out.append(Path("image") / built.archive.name)
-    kept = [p for p in listed(dist) if p.parts[0] != "image"]
-    write_sums(dist, [*kept, *out])
-    return [dist / p for p in out]
+    archive = built.archive
+    also = [folder / archive.name] if archive and archive.parent == dist / folder else []
+    return add_to_dist(dist, texts, also, replacing="image") + [dist / p for p in also]
 
 
 _PLAIN = """\

@@ -39,15 +39,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
-import tempfile
 from email.parser import Parser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from simple503 import WheelFile, generate_index, generate_project_page
 
-from tpfix.common import Fail, main_wrapper, shown, wheel_metadata
+from tpfix.common import Fail, main_wrapper, shown, wheel_metadata, write_atomic
 
 
 def _field(metadata: bytes, name: str) -> str | None:
@@ -85,20 +83,6 @@ def _page(airium) -> bytes:
     return (text if text.endswith("\n") else text + "\n").encode()
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Write `path` atomically (a temporary file beside it, then os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_index(dist: Path, wheels: list[Path]) -> list[Path]:
     """Write the simple index of `wheels` (each lying directly in `dist`) and
     their .metadata files; return the files written, relative to `dist`."""
@@ -133,7 +117,7 @@ def write_index(dist: Path, wheels: list[Path]) -> list[Path]:
         pages[Path("simple", project, "index.html")] = _page(page)
     written = [*metadata, *pages]
     for rel, data in {**metadata, **pages}.items():
-        _write(dist / rel, data)
+        write_atomic(dist / rel, data)
     for stale in dist.glob("*.whl.metadata"):
         if not stale.with_suffix("").exists():
             stale.unlink()

@@ -26,10 +26,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
-from tpfix.common import Fail, Line, sha256_file
+from tpfix.common import Fail, Line, read_version, sha256_file, write_atomic
 
 SUMS = "SHA256SUMS"
 
@@ -46,7 +45,6 @@ def describe(
     """Write the SBOM, provenance (signed by `signer`, attest.signing_key) and
     index beside the staged `wheel`; returns them, relative to its folder."""
     from tpfix import attest, index, sbom
-    from tpfix.common import read_version
 
     staging = wheel.parent
     out = []
@@ -83,12 +81,23 @@ def describe(
 
 def write_sums(dist: Path, files: list[Path]) -> None:
     """dist/SHA256SUMS for `files` (relative to dist), written atomically."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{SUMS}.", dir=dist)
-    with os.fdopen(fd, "w") as f:
-        for rel in sorted(files, key=lambda p: p.as_posix()):
-            f.write(f"{sha256_file(dist / rel)}  {rel.as_posix()}\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, dist / SUMS)
+    lines = [f"{sha256_file(dist / rel)}  {rel.as_posix()}\n" for rel in files]
+    write_atomic(dist / SUMS, "".join(sorted(lines, key=lambda ln: ln.split("  ", 1)[1])))
+
+
+def add_to_dist(
+    dist: Path, texts: dict[Path, str], also: list[Path] = (), replacing: str | None = None
+) -> list[Path]:
+    """Write `texts` ({path relative to dist: content}) into dist/, each
+    atomically, then SHA256SUMS with them and the files `also` names added;
+    entries under the folder `replacing` that are not among them leave the
+    list (the image's files of an older build).  Returns the paths written."""
+    for rel, text in texts.items():
+        write_atomic(dist / rel, text)
+    new = {*texts, *also}
+    kept = [p for p in listed(dist) if p not in new and not (replacing and p.parts[0] == replacing)]
+    write_sums(dist, [*kept, *new])
+    return [dist / rel for rel in texts]
 
 
 _SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
