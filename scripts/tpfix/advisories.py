@@ -68,7 +68,16 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tpfix.common import Fail, Line, get_line, line_names, main_wrapper, shown, wheel_message
+from tpfix.common import (
+    Fail,
+    Line,
+    get_line,
+    line_names,
+    main_wrapper,
+    shown,
+    wheel_arch,
+    wheel_message,
+)
 from tpfix.package import add_to_dist, find_wheel
 from tpfix.triage import load_triage
 from tpfix.worklock import dist_lock
@@ -396,7 +405,7 @@ def main() -> None:
     dist = (args.dist or line.dist).resolve()
     with dist_lock(dist, "audit another folder: --dist DIR"):
         wheel, _ = find_wheel(dist)
-        arch = "aarch64" if "aarch64" in wheel.name else "x86_64"
+        arch = wheel_arch(wheel)
         tgt = target(line, arch)
         bom_path = dist / f"{wheel.name}.cdx.json"
         if args.image:

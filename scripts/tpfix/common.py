@@ -268,6 +268,11 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
+def wheel_arch(wheel: Path) -> str:
+    """The official arch a wheel of ours is for (its platform tag)."""
+    return "aarch64" if wheel.name.endswith("_aarch64.whl") else "x86_64"
+
+
 _METADATA = re.compile(r"^[^/]+\.dist-info/METADATA$")
 
 

@@ -65,6 +65,7 @@ from tpfix.common import (
     sha256_file,
     shown,
     source_url,
+    wheel_arch,
     wheel_metadata,
 )
 from tpfix.package import add_to_dist, find_wheel, wheel_entry
@@ -504,7 +505,7 @@ def describe_image(
 
     dist = built.dist
     wheel, _ = find_wheel(dist)
-    arch = "aarch64" if "aarch64" in wheel.name else host_arch()
+    arch = wheel_arch(wheel)
     sdist, official = fetch_sdist(line.tag), fetch_wheel(arch, line.tag)
     epoch = built.epoch
     inv = image_inventory(built.engine, built.ref, base)
