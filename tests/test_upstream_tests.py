@@ -5,9 +5,11 @@
 For every patch that adds or changes test functions under the vLLM tree's
 tests/, the test files are run with pytest (vLLM's own conftest included):
 with the patch, each of those test functions must pass and none may be
-skipped; in the tree before the patch, with the patched test files copied in,
-they must fail.  Tests a patch does not touch may skip (upstream's 2-GPU
-tests do on a CPU host).
+skipped, except those marked for several GPUs (`@multi_gpu_only`,
+`@multi_gpu_test`: upstream's CI runs them), which must skip for exactly that
+reason; in the tree before the patch, with the patched test files copied in,
+the others must fail.  Tests a patch does not touch may skip (upstream's
+2-GPU tests do on a CPU host).
 
 They run on CPU: scripts/tpfix/replay/vllm_cpu_stubs.py stands in for the compiled
 `torch.ops._C` ops that vLLM modules look up at import and reports zero
@@ -32,6 +34,7 @@ from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
 pytestmark = pytest.mark.slow
 
 _DEF = re.compile(r"(?:async )?def (\w+)")
+_GPU_MARK = re.compile(r"@multi_gpu_(?:only|test)\(")
 
 
 def _changed_tests(name: str) -> dict[str, set[str]]:
@@ -72,6 +75,19 @@ def _outcomes(out: str) -> dict[str, set[str]]:
     return res
 
 
+def _gpu_only_tests(name: str) -> set[str]:
+    """Test functions the patch adds with a several-GPU mark."""
+    gpu, marked = set(), False
+    for line in (PATCHES / name).read_text().splitlines():
+        if line.startswith("+@"):
+            marked = marked or bool(_GPU_MARK.match(line[1:]))
+        elif line.startswith("+") and (m := _DEF.match(line[1:])):
+            if marked and m.group(1).startswith("test_"):
+                gpu.add(m.group(1))
+            marked = False
+    return gpu
+
+
 def test_patches_carry_vllm_tests():
     assert {n for n, _ in CASES} >= set(read_series()[1:]), (
         "every code patch (all but the dependency pin) carries tests in vLLM's layout"
@@ -84,8 +100,14 @@ def test_patch_tests_pass_with_the_patch(name: str, changed: dict[str, set[str]]
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     outcomes = _outcomes(proc.stdout)
-    for func in sorted(set().union(*changed.values())):
+    gpu = _gpu_only_tests(name)
+    for func in sorted(set().union(*changed.values()) - gpu):
         assert outcomes.get(func, set()) == {"PASSED"}, f"{func}: {outcomes.get(func)}\n{out}"
+    for file, funcs in changed.items():  # runs in upstream's multi-GPU CI only
+        for func in sorted(funcs & gpu):
+            assert func not in outcomes, f"{func}: {outcomes[func]}\n{out}"
+            skipped = rf"^SKIPPED \[\d+\] {re.escape(file)}:\d+: Need at least \d+ GPUs"
+            assert re.search(skipped, proc.stdout, re.M), f"{func} did not skip\n{out}"
 
 
 @pytest.mark.parametrize("name,changed", CASES, ids=[c[0] for c in CASES])
@@ -102,7 +124,7 @@ def test_patch_tests_fail_without_the_patch(
     proc = _pytest(before, sorted(changed))
     assert proc.returncode in (1, 2), proc.stdout[-6000:] + proc.stderr[-2000:]
     outcomes = _outcomes(proc.stdout)
-    funcs = set().union(*changed.values())
+    funcs = set().union(*changed.values()) - _gpu_only_tests(name)
     red = {f for f in funcs if outcomes.get(f, set()) & {"FAILED", "ERROR"}}
     collection_error = re.search(r"^ERROR \S+\.py( |$)", proc.stdout, re.M)
     assert red or collection_error, f"{name}: its tests pass without it\n{proc.stdout[-6000:]}"
