@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import ROOT, get_line, load_pins
+from tpfix.patchfile import read_series
 from tpfix.versions import WHEEL_FACTS
 
 # downloads the sdist and both official wheels of v0.33.0, replays scenarios
@@ -84,15 +85,22 @@ def test_classification_equals_the_committed_one(made):
     ours = json.loads((folder / "rebase.json").read_text())
     committed = json.loads((get_line(TAG).patches / "rebase.json").read_text())
     assert ours == committed
-    # nothing was carried as is: both fixes conflict with upstream's partial ones
     carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
     assert (folder / "series").read_text().split() == carried
     assert (folder / "VERSION").read_text() == f"{TAG[1:]}+tpfix.{len(carried)}\n"
+    left = [n for n, s in ours["patches"].items() if s == "conflicts"]
     for name, status in ours["patches"].items():
         assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name
         assert (folder / name).exists() == (name in carried), name
-    assert "to port by hand" in proc.stdout
-    # the absorbed verdict of 0001 came from its scenario, run on a v0.33.0 tree
+    # the conflicting patches are listed to port by hand; the committed line
+    # is that port: every patch not absorbed, under its name, in order
+    (said,) = [x for x in proc.stdout.splitlines() if x.startswith("to port by hand")]
+    assert said.endswith(": " + ", ".join(left))
+    assert read_series(get_line(TAG).series) == [
+        n for n, s in ours["patches"].items() if s != "absorbed"
+    ]
+    # the absorbed verdict of the FlashInfer pin came from its scenario, run
+    # on a v0.33.0 tree
     assert "check bug_c:import_flashinfer_all_reduce: v0.33.0 green (fixed)" in proc.stdout
 
 

@@ -30,7 +30,9 @@ torch.ops._C ops stood in by tpfix/replay/vllm_cpu_stubs.py), with the patch
 (must pass) and without it (the same test files copied in: must fail), and
 the patch's scenario checks (the `Scenario:` fields of its header,
 replay.harness.patch_checks) red without / green with it.  A failed
-expectation stops the export.
+expectation stops the export.  Tests the patch adds under a several-GPU mark
+(@multi_gpu_only, @multi_gpu_test) skip on this host ("Need at least N
+GPUs"); the description names them as not run, for vLLM's multi-GPU CI.
 
 The DCO needs the submitter's real name: --author replaces the From: and
 Signed-off-by: of the headers (which name the distribution maintainers).
@@ -255,6 +257,32 @@ def vllm_tests(patchfile: Path) -> list[str]:
     return sorted(d.new for d in files if d.new and re.match(r"tests/(.+/)?test_[^/]+\.py$", d.new))
 
 
+# vLLM's marks for a test that needs several GPUs (tests/utils.py): it skips
+# with "Need at least N GPUs" on a smaller host; upstream's multi-GPU CI runs it.
+_GPU_MARK = re.compile(r"@multi_gpu_(?:only|test)\(")
+_DEF = re.compile(r"(?:async )?def (\w+)")
+
+
+def multi_gpu_tests(patchfile: Path) -> list[str]:
+    """`file::function` of each test the patch adds under a several-GPU mark
+    (@multi_gpu_only, @multi_gpu_test), in vLLM's tests/ layout."""
+    found, current, marked = [], None, False
+    for line in split(patchfile.read_text())[1].splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].split("/", 1)[-1]
+            current = path if re.match(r"tests/(.+/)?test_[^/]+\.py$", path) else None
+            marked = False
+        elif current is None or not line.startswith("+"):
+            continue
+        elif line.startswith("+@"):
+            marked = marked or bool(_GPU_MARK.match(line[1:]))
+        elif m := _DEF.match(line[1:]):
+            if marked and m.group(1).startswith("test_"):
+                found.append(f"{current}::{m.group(1)}")
+            marked = False
+    return found
+
+
 # vLLM's tests/conftest.py cleans up after every test not marked
 # skip_global_cleanup with torch.accelerator.empty_cache(), which raises on a
 # host without an accelerator: a teardown error of a test that passed, not a
@@ -339,6 +367,9 @@ def validate(tag: str, series: Path, name: str) -> dict:
             raise Fail(f"{name}: its tests fail with the patch: {green['summary']}")
         if not red["red"]:
             raise Fail(f"{name}: its tests pass without the patch: {red['summary']}")
+        gpu = multi_gpu_tests(patches / name)
+        if gpu and not any(r.startswith("Need at least") for r in green["skip_reasons"]):
+            raise Fail(f"{name}: {', '.join(gpu)} did not skip for want of GPUs: {green}")
     for check in patch_checks(patches / name):
         entry = {
             "spec": check.spec,
@@ -415,6 +446,21 @@ def _result_lines(tag: str, val: dict | None, index: int) -> list[str]:
     return out
 
 
+def _not_run_lines(gpu_tests: list[str]) -> list[str]:
+    """What a CPU host cannot run: the tests the patch marks for several GPUs
+    (they skip here), and the fused kernels on real GPUs."""
+    if not gpu_tests:
+        return [
+            "- Not run: the fused kernels on GPUs (the multi-GPU tests of the "
+            "touched files, `@multi_gpu_test`); to be run on GPUs before merge."
+        ]
+    return [
+        "- Not run here (skipped: they need several GPUs, vLLM's multi-GPU CI "
+        "runs them; to be checked there before merge):",
+        *[f"  - `{t}`" for t in gpu_tests],
+    ]
+
+
 def _runtime() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -434,6 +480,7 @@ def pr_description(
     val: dict | None,
     base: str | None,
     template: str,
+    gpu_tests: list[str] | None = None,
 ) -> str:
     fixes = _fixes(mail)
     claims = mail.values("Claim") or [mail.subject]
@@ -465,9 +512,7 @@ def pr_description(
         "Test results:",
         "",
         *_result_lines(tag, val, n),
-        "- Not run: the multi-GPU tests of the touched files (`@multi_gpu_test`) "
-        "and an end-to-end `vllm serve` with a draft model at TP=2; to be run on "
-        "2 GPUs before merge.",
+        *_not_run_lines(gpu_tests or []),
         "",
         "## Details",
         "",
@@ -526,8 +571,10 @@ def export(
     report = {"tag": tag, "base_commit": base, "series": str(series), "patches": []}
     for i, (name, mail, f) in enumerate(zip(names, mails, files, strict=True), start=1):
         pr = out / f.with_suffix(".md").name
+        gpu_tests = multi_gpu_tests(series.parent / name)
+        val = validation.get(name)
         pr.write_text(
-            pr_description(tag, i, len(names), name, mail, validation.get(name), base, template)
+            pr_description(tag, i, len(names), name, mail, val, base, template, gpu_tests)
         )
         report["patches"].append(
             {
@@ -537,7 +584,8 @@ def export(
                 "subject": mail.subject,
                 "author": mail.author,
                 "fixes": _fixes(mail),
-                "validation": validation.get(name),
+                "multi_gpu_tests": gpu_tests,
+                "validation": val,
             }
         )
         if mail.author.rstrip(">").endswith(".invalid"):

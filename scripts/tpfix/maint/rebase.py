@@ -103,11 +103,13 @@ def failed_hunks(tree: Path, patchfile: Path, fuzz: int = 2) -> list[dict]:
                 }
             )
         elif line.startswith("can't find file to patch"):
-            # the file is only named in the quoted diff header that follows
-            for quoted in lines[i + 1 : i + 8]:
+            # the file is only named at the end of the quoted text that
+            # follows (for a patch's first file, after its whole header)
+            for quoted in lines[i + 1 :]:
+                if not quoted.startswith(("|", "-", "Perhaps", "The text leading")):
+                    break
                 if m := re.match(r"^\|(?:\+\+\+|---) [ab]/(\S+)", quoted):
                     current = m.group(1)
-                    break
             hunks.append(
                 {
                     "file": current,
@@ -260,7 +262,11 @@ def classify(
             if base is None:  # a new file, still absent upstream
                 merged[d.path] = theirs.read_text()
             else:
-                conflicts[d.path] = (1, f"{d.path}: removed or moved upstream\n")
+                conflicts[d.path] = (
+                    1,
+                    f"{d.path}: not in the target tag (removed or moved upstream, "
+                    "or added by an earlier patch that is not carried)\n",
+                )
             continue
         with tempfile.TemporaryDirectory() as tmp:
             empty = Path(tmp) / "empty"
