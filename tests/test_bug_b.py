@@ -1,24 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Bug B (seed 001, issue 4): the one-shot all-reduce threshold in two units.
+"""Bug B (seed 001, issue 4): the one-shot all-reduce threshold in two units,
+and a request that does not fit a workspace shared by models of different
+widths (patch 0005).
 
 The scenarios (scripts/tpfix/replay/bug_b.py) run the tree's real vLLM code (the
-compiled op ``call_trtllm_fused_allreduce_norm``, the workspace planning and
-creation of ``flashinfer_all_reduce``) on FlashInfer's real Python layer; only
-GPU memory, kernel launches and the TP group are simulated (see the scenario
-module's docstring for the exact list).
+compiled op ``call_trtllm_fused_allreduce_norm``, the workspace plan of
+``prepare_fi_ar_workspace`` and the creation of ``flashinfer_all_reduce``) on
+FlashInfer's real Python layer; only GPU memory (with the MNNVL allocation
+granularity as a parameter), kernel launches and the TP group are simulated
+(see the scenario module's docstring for the exact list).
 
-"Before" is the series without this patch (v0.27.1 + FlashInfer 0.6.16.post4
-+ bug A's workspace plan).  v0.27.1 no longer crashes as shipped, because
-vllm#47589 made vLLM stop deciding on MNNVL (it passes ``use_oneshot=None``
-and FlashInfer's AUTO decides); ``as_shipped`` therefore fits before and after,
-and the tests say so.  The defect that remains, and that the red tests show,
-is vLLM's own one-shot policy: its selection function and table, in per-rank
-bytes, choose one-shot for sizes the MNNVL workspace it allocated cannot hold
-(the reason it has to be ignored there).  Before the patch the scenario
-applies that table on MNNVL the way the tree applies it on TRT-LLM (and the
-way vLLM did on MNNVL before vllm#47589); after the patch the tree decides on
-MNNVL itself and nothing is forced.
+"Before" is the series without patch 0005 (v0.27.1 + FlashInfer
+0.6.16.post4 + bug A's 0002-0004: the workspace planned for the narrowest
+model's token limit in rows of the widest model), "after" includes it.
+
+The seed's crash is vLLM's own one-shot table (per-rank bytes) applied on
+MNNVL, where FlashInfer sizes the buffer for its own threshold (all-reduce
+bytes).  v0.27.1 no longer does that as shipped (vllm#47589: it passes
+``use_oneshot=None`` on MNNVL and FlashInfer's AUTO decides), and patch 0005
+leaves the table alone: the scenario still forces the table on MNNVL (as
+vLLM did before vllm#47589) to replay the seed's numbers, on both trees.
+What remains as shipped, and what 0005 fixes, is a tensor narrower than the
+workspace's width (a draft narrower than the target): FlashInfer reserves
+one-shot room in whole rows of the workspace's width, so its AUTO choice can
+exceed the buffer.  Whether it does depends on the device's allocation
+granularity (hardware data): the cases are reported at granularity 1 (the
+smallest buffer FlashInfer can end up with) and at 2 MiB.
 
 Tiers: the seed replay and the narrower model (the patch header's
 `Scenario:`), red before and green after, are the fast tier; the property
@@ -33,19 +41,32 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from tpfix.replay.bug_b import NARROW_DRAFT
-from tpfix.replay.harness import run_scenario, tree_after, tree_before
+from tpfix.common import PATCHES
+from tpfix.patchfile import read_series
+from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
+from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
 
-PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
+PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
+GRANULARITIES = {"1 B": 1, "2 MiB": MIB2}
+
+
+def _run_all(jobs: dict) -> dict:
+    """Each ``(spec, kwargs)`` job on each tree of {label: tree}, one
+    subprocess each, concurrently (they are independent)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            key: pool.submit(run_scenario, tree, spec, **kwargs)
+            for key, (tree, spec, kwargs) in jobs.items()
+        }
+        return {key: fut.result() for key, fut in futures.items()}
 
 
 def _before_and_after(spec: str, **kwargs) -> tuple[dict, dict]:
-    """One scenario on the tree before and the tree after the patch, the two
-    subprocesses concurrently (they are independent)."""
-    trees = tree_before(PATCH), tree_after(PATCH)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        before, after = (pool.submit(run_scenario, t, spec, **kwargs) for t in trees)
-        return before.result(), after.result()
+    """One scenario on the tree before and the tree after the patch."""
+    res = _run_all(
+        {w: (f(PATCH), spec, kwargs) for w, f in (("b", tree_before), ("a", tree_after))}
+    )
+    return res["b"], res["a"]
 
 
 @pytest.fixture(scope="module")
@@ -75,47 +96,93 @@ def test_seed_arithmetic_with_flashinfer_functions(seed_before, seed_after):
         assert a["oneshot_at_40"] == 3932160
 
 
-def test_seed_before_vllm_policy_exceeds_allocation(seed_before):
-    """Red before: vLLM's table picks one-shot for N <= 42, the MNNVL buffer
-    holds one-shot up to N = 12; FlashInfer raises the seed's error."""
-    run = seed_before["runs"]["mnnvl_vllm_policy"]
-    assert run["vllm_table_forced_on_mnnvl"] is True
-    assert seed_before["policy_failing_tokens"] == list(range(13, 43))
-    assert seed_before["policy_error_at_40"] == (
-        "ValueError: The buffer size in the given workspace is insufficient "
-        "for the given problem size. Buffer: 1179648 bytes, Required: "
-        "3932160 bytes."
-    )
-    # as shipped (vllm#47589) the tree defers to FlashInfer's AUTO and fits
-    assert seed_before["runs"]["mnnvl_as_shipped"]["failures"] == 0
+def test_seed_vllm_table_on_mnnvl_exceeds_allocation(seed_before, seed_after):
+    """The seed's crash: vLLM's table picks one-shot for N <= 42, the MNNVL
+    buffer holds one-shot up to N = 12; FlashInfer raises the seed's error.
+    vllm#47589 stopped applying the table on MNNVL; patch 0005 does not
+    change it, so forcing it fails alike on both trees."""
+    for result in (seed_before, seed_after):
+        run = result["runs"]["mnnvl_vllm_policy"]
+        assert run["vllm_table_forced_on_mnnvl"] is True
+        assert result["policy_failing_tokens"] == list(range(13, 43))
+        assert result["policy_error_at_40"] == (
+            "ValueError: The buffer size in the given workspace is insufficient "
+            "for the given problem size. Buffer: 1179648 bytes, Required: "
+            "3932160 bytes."
+        )
 
 
-def test_seed_after_every_token_count_fits(seed_after):
-    for name, run in seed_after["runs"].items():
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_seed_as_shipped_every_token_count_fits(seed_before, seed_after, when):
+    result = seed_before if when == "before" else seed_after
+    for name in ("mnnvl_as_shipped", "trtllm_as_shipped"):
+        run = result["runs"][name]
         assert run["vllm_table_forced_on_mnnvl"] is False, name
         assert run["checked"] == 42 and run["unfused"] == 0, (name, run)
         assert run["failures"] == 0, (name, run["failure_examples"])
-    mnnvl = seed_after["runs"]["mnnvl_vllm_policy"]
-    # MNNVL policy: FlashInfer's 1 MiB crossover, N <= 10, no extra memory
+    mnnvl = result["runs"]["mnnvl_as_shipped"]
+    # FlashInfer's AUTO on MNNVL: its 1 MiB crossover, N <= 10, no extra memory
     assert mnnvl["oneshot_tokens"] == {"6144": [[1, 10]]}
     assert mnnvl["mnnvl_buffer_size_bytes"] == 1179648
     # TRT-LLM keeps vLLM's table: one-shot for all 42 tokens
-    assert seed_after["runs"]["trtllm_as_shipped"]["oneshot_tokens"] == {"6144": [[1, 42]]}
+    assert result["runs"]["trtllm_as_shipped"]["oneshot_tokens"] == {"6144": [[1, 42]]}
 
 
-def test_narrower_model_gets_a_strategy_the_workspace_holds():
-    """The workspace is planned at the widest model (6144): FlashInfer reserves
-    one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows = 983040 bytes.  For
-    the 4096-wide model at N = 16, FlashInfer's AUTO (1 MiB rule) asks for
-    one-shot, 1048576 bytes: FlashInfer raises (with a 16-token limit the
-    buffer holds no more than that one-shot room).  After the patch vLLM
-    requests two-shot."""
-    before, after = _before_and_after("bug_b:run_case", **NARROW_DRAFT)
-    assert "error" not in before and "error" not in after, (before, after)
-    assert before["failures"] + before["unfused"] == 1, before
-    assert after["failures"] == 0 and after["unfused"] == 0, after
+@pytest.fixture(scope="module")
+def narrow():
+    """NARROW_DRAFT before and after the patch at both granularities."""
+    runs = _before_and_after(
+        "bug_b:run_case_at", granularities=list(GRANULARITIES.values()), **NARROW_DRAFT
+    )
+    res = {}
+    for when, by_granularity in zip(("before", "after"), runs, strict=True):
+        assert "error" not in by_granularity, by_granularity
+        for label, g in GRANULARITIES.items():
+            res[(label, when)] = by_granularity[str(g)]
+    for (label, when), r in res.items():
+        assert "error" not in r, r
+        print(
+            f"[bug B narrow draft] granularity {label}, {when}: buffer "
+            f"{r['mnnvl_buffer_size_bytes']} B, {r['failures']} failures, "
+            f"{r['unfused']} unfused of {r['checked']}; 4096-wide one-shot "
+            f"{r['oneshot_tokens']['4096']}, two-shot {r['twoshot_tokens']['4096']}"
+        )
+    return res
+
+
+def test_header_scenario_is_this_case():
+    (check,) = patch_checks(PATCHES / PATCH)
+    assert check.spec == "bug_b:run_case" and check.kwargs == NARROW_DRAFT
+
+
+def test_narrower_model_gets_a_strategy_the_workspace_holds(narrow):
+    """The workspace is planned at the widest model (6144) for 16 tokens:
+    FlashInfer reserves one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows
+    = 983040 bytes (granularity 1).  For the 4096-wide model at N = 16,
+    FlashInfer's AUTO (1 MiB rule) asks for one-shot, 1048576 bytes:
+    FlashInfer raises.  After the patch vLLM requests two-shot there."""
+    before, after = narrow[("1 B", "before")], narrow[("1 B", "after")]
+    assert before["planned_shape"] == after["planned_shape"] == [16, 6144]
+    assert before["mnnvl_buffer_size_bytes"] == after["mnnvl_buffer_size_bytes"] == 983040
+    assert check_run_case(before) is False and check_run_case(after) is True
+    (failure,) = before["failure_examples"]
+    assert (failure["hidden"], failure["num_tokens"]) == (4096, 16)
+    assert "Buffer: 983040 bytes, Required: 1048576 bytes" in failure["error"]
     assert after["oneshot_tokens"]["4096"] == [[1, 15]]
     assert after["twoshot_tokens"]["4096"] == [[16, 16]]
+
+
+def test_narrower_model_at_2mib_granularity_fits_either_way(narrow):
+    """With a 2 MiB granularity the allocation rounds the same request up to
+    4 MiB (buffer 1397408 B per Lamport buffer): FlashInfer's one-shot at
+    N = 16 fits before the patch too, and the patch changes nothing there
+    (it only steps in where FlashInfer's choice does not fit)."""
+    before, after = narrow[("2 MiB", "before")], narrow[("2 MiB", "after")]
+    for r in (before, after):
+        assert r["mnnvl_buffer_size_bytes"] == 1397408
+        assert check_run_case(r) is True
+        assert r["oneshot_tokens"]["4096"] == [[1, 16]]
+        assert r["twoshot_tokens"]["4096"] == []
 
 
 # ---------------------------------------------------------------------------
@@ -162,61 +229,78 @@ CASES = _generate_cases(150) + [NARROW_DRAFT]
 
 @pytest.fixture(scope="module")
 def properties():
-    return _before_and_after("bug_b:property_cases", cases=CASES)
+    """property_cases on both trees at both granularities, printed."""
+    jobs = {
+        (label, when): (f(PATCH), "bug_b:property_cases", {"cases": CASES, "granularity": g})
+        for label, g in GRANULARITIES.items()
+        for when, f in (("before", tree_before), ("after", tree_after))
+    }
+    res = _run_all(jobs)
+    for (label, when), r in res.items():
+        assert "error" not in r, r
+        print(
+            f"[bug B property] granularity {label}, {when}: "
+            f"{r['as_shipped_failing_cases']}/{r['n_cases']} cases fail as shipped, "
+            f"{r['as_shipped_unfused']} unfused calls; vLLM table forced on MNNVL: "
+            f"{r['policy_failing_cases']} cases fail; {r['checked']} (case, width, N) checks"
+        )
+    return res
 
 
-@pytest.fixture(scope="module")
-def property_before(properties):
-    return properties[0]
-
-
-@pytest.fixture(scope="module")
-def property_after(properties):
-    return properties[1]
-
-
-@pytest.mark.slow
-def test_property_before_fails(property_before):
-    """Red before: vLLM's own one-shot policy exceeds the allocation in some
-    generated cases (all on MNNVL).  As shipped (FlashInfer's AUTO on MNNVL)
-    only a tensor narrower than the workspace fails: the mixed-width cases
-    on MNNVL whose buffer is below FlashInfer's 1 MiB one-shot threshold."""
-    r = property_before
-    assert "error" not in r, r
-    print(
-        f"before: {r['policy_failing_cases']}/{r['n_cases']} cases fail "
-        f"(vLLM policy), {r['as_shipped_failing_cases']} as shipped, "
-        f"{r['checked']} (case, width, N) checks, "
-        f"{r['as_shipped_unfused']} fell back to unfused as shipped"
-    )
-    assert r["policy_failing_cases"] > 0
-    assert all(ex["case"]["backend"] == "mnnvl" for ex in r["failing_examples"]), r[
-        "failing_examples"
-    ]
-    assert r["as_shipped_failing_cases"] == len(r["as_shipped_failing"]) > 0, r
-    for case in r["as_shipped_failing"]:
-        assert case["backend"] == "mnnvl" and len(set(case["widths"])) > 1, case
+def _mixed_mnnvl(case: dict) -> bool:
+    return case["backend"] == "mnnvl" and len(set(case["widths"])) > 1
 
 
 @pytest.mark.slow
-def test_property_after_always_fits(property_after):
-    r = property_after
-    assert "error" not in r, r
-    print(
-        f"after: {r['policy_failing_cases']}/{r['n_cases']} cases fail, "
-        f"{r['checked']} (case, width, N) checks, {r['unfused']} unfused"
-    )
+def test_property_as_shipped_before_fails_only_for_narrower_tensors_on_mnnvl(properties):
+    """Red before (granularity 1): as shipped (FlashInfer's AUTO on MNNVL)
+    only a tensor narrower than the workspace fails, in mixed-width cases
+    on MNNVL; NARROW_DRAFT is among them."""
+    r = properties[("1 B", "before")]
     assert r["checked"] > 0
-    assert r["policy_failing_cases"] == 0, r["failing_examples"]
-    assert r["as_shipped_failing_cases"] == 0, r
-    # with the plan of bug A and a servable strategy, nothing falls back
-    assert r["unfused"] == 0 and r["as_shipped_unfused"] == 0, r
+    assert r["as_shipped_failing_cases"] == len(r["as_shipped_failing"]) > 0, r
+    assert all(_mixed_mnnvl(c) for c in r["as_shipped_failing"]), r["as_shipped_failing"]
+    assert NARROW_DRAFT in r["as_shipped_failing"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+def test_property_as_shipped_after_always_fits(properties, granularity):
+    r = properties[(granularity, "after")]
+    assert r["checked"] > 0
+    assert r["as_shipped_failing_cases"] == 0, r["as_shipped_failing"]
+    # with the plan of 0002 and a servable strategy, nothing falls back
+    assert r["as_shipped_unfused"] == 0, r
+
+
+@pytest.mark.slow
+def test_property_coarser_granularity_hides_some_failures(properties):
+    """At 2 MiB the rounding hides part of what fails at granularity 1
+    before the patch (never adds one): whether a configuration fails on a
+    device depends on that device's granularity."""
+    fine = properties[("1 B", "before")]["as_shipped_failing"]
+    coarse = properties[("2 MiB", "before")]["as_shipped_failing"]
+    assert all(c in fine for c in coarse), coarse
+    assert len(coarse) < len(fine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+def test_property_vllm_table_on_mnnvl_unchanged_by_the_patch(properties, granularity):
+    """The table of vLLM forced on MNNVL (the seed's policy) exceeds the
+    allocation in the same cases before and after: patch 0005 steps in only
+    where FlashInfer decides (use_oneshot=None), which is what v0.27.1 ships
+    on MNNVL; all failures are on MNNVL."""
+    before, after = properties[(granularity, "before")], properties[(granularity, "after")]
+    assert before["policy_failing_cases"] == after["policy_failing_cases"] > 0
+    assert all(ex["case"]["backend"] == "mnnvl" for ex in after["failing_examples"])
 
 
 # The standalone FlashInfer all-reduce (VLLM_ALLREDUCE_USE_FLASHINFER=1) on
 # MNNVL, SM90 TP8: Qwen3-14B (5120) with a Qwen3-8B draft (4096), 16 tokens.
-# The shared workspace reserves one-shot room for 12 rows of 5120; a 4096-wide
-# input of 16 tokens is 1 MiB, which FlashInfer's AUTO sends one-shot.
+# The workspace planned for the engine (16 x 5120) reserves one-shot room for
+# 12 rows of 5120 (983040 B at granularity 1); a 4096-wide input of 16
+# tokens is 1 MiB, which FlashInfer's AUTO sends one-shot.
 STANDALONE_NARROW = dict(
     target_hidden=5120,
     draft_hidden=4096,
@@ -230,9 +314,22 @@ STANDALONE_NARROW = dict(
 @pytest.mark.slow
 def test_standalone_narrower_input_fits():
     """Runs tpfix/replay/bug_a.py:standalone (FlashInferAllReduce's real
-    should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks)."""
-    before, after = _before_and_after("bug_a:standalone", **STANDALONE_NARROW)
+    should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks, at
+    granularity 1).  Before the patch FlashInfer raises; after it the
+    standalone all-reduce asks the workspace and leaves the 16-token draft
+    input to the other all-reduce backends.  On pristine v0.27.1 (+0001)
+    the standalone all-reduce sized the workspace itself for its 51-token
+    budget at the first (5120-wide) input, whose two-shot room (1146880 B)
+    holds that one-shot: the failure starts with 0002's plan for 16 tokens."""
+    trees = {
+        "pristine": tree_after(read_series()[0]),  # v0.27.1 + 0001 (FlashInfer)
+        "before": tree_before(PATCH),
+        "after": tree_after(PATCH),
+    }
+    res = _run_all({k: (t, "bug_a:standalone", STANDALONE_NARROW) for k, t in trees.items()})
+    before, after, pristine = res["before"], res["after"], res["pristine"]
     assert before.get("error") == "ValueError", before
-    assert "insufficient" in before["message"], before["message"]
+    assert "Buffer: 983040 bytes, Required: 1048576 bytes" in before["message"], before
     assert "error" not in after, after
-    assert 16 in after["accepted"]["draft"] and 16 in after["accepted"]["target"]
+    assert after["accepted"] == {"target": [1, 2, 16], "draft": [1, 2]}, after
+    assert "error" not in pristine and 16 in pristine["accepted"]["draft"], pristine

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
 
 
 def main() -> None:

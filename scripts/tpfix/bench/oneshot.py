@@ -2,15 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B: FlashInfer all-reduce workspace memory and one-shot/two-shot choice,
-before and after the patch, measured by running the real code of two trees.
+before and after patch 0005, measured by running the real code of two trees.
 
 For the seed configuration (SM90, TP8, hidden 6144, bf16, 0.5 MiB budget) and
 for TP2/TP4/TP8 at the default budgets of SM90 and SM100, and for both
 FlashInfer backends, prints per tree:
 
 * the workspace memory per rank that vLLM requests from FlashInfer (MNNVL: 3
-  Lamport buffers; TRT-LLM: IPC buffer + flags + 3 Lamport buffers; allocator
-  rounding not included);
+  Lamport buffers; TRT-LLM: IPC buffer + flags + 3 Lamport buffers; MNNVL at
+  allocation granularity 1, i.e. no allocator rounding);
 * which strategy each token count gets as the tree ships (compressed into
   ranges), i.e. what reaches FlashInfer's kernel launch;
 * "vLLM policy": token counts where the tree's own one-shot policy asks for
@@ -21,12 +21,16 @@ FlashInfer backends, prints per tree:
 
 Everything comes from scripts/tpfix/replay/bug_b.py:bench_table run in a fresh
 interpreter per tree (see that module for what is simulated: GPU memory,
-kernel launches, the TP group).
+kernel launches, the TP group).  These configurations have one model width;
+patch 0005 only changes a request that does not fit the workspace (a tensor
+narrower than the workspace's width, tests/test_bug_b.py), and leaves vLLM's
+table alone, so before and after print the same here: what it shows is the
+strategy and memory of the series for one width.
 
 Usage:
     python -m tpfix.bench.oneshot [--tree-before DIR --tree-after DIR] \\
         [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
-Trees default to the series without / with the bug-B patch (scripts/tpfix/replay/harness.py);
+Trees default to the series without / with patch 0005 (scripts/tpfix/replay/harness.py);
 any other tree works too, e.g. `python -m tpfix.patch DEST --upto <patch>`.
 """
 
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
-PATCH = "0003-allreduce-fusion-one-shot-threshold-in-one-unit.patch"
+PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
 
 
 def configs(hidden: int, dtype: str, limit: int) -> list[dict]:

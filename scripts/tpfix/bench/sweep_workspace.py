@@ -29,7 +29,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
 
 # hidden_size of real models (config.json)
 TARGETS = {

@@ -16,11 +16,13 @@ FlashInfer's own sizing formulas, no memory is allocated).  It prints:
   after                bytes with the patch (any order);
   min need             the least FlashInfer needs so that every shape the
                        fusion budget admits fits: max over both models and
-                       every token count n up to the budget's token limit of
-                       FlashInfer's own requirement (trtllm: sizing of the
-                       largest token*hidden product; mnnvl:
-                       get_required_buffer_size_bytes with the AUTO strategy
-                       vLLM uses, times its 3 Lamport buffers);
+                       every token count n up to that model's own token
+                       limit of FlashInfer's own requirement (trtllm: sizing
+                       of the largest token*hidden product, as wide as the
+                       widest model; mnnvl: get_required_buffer_size_bytes
+                       with FlashInfer's AUTO choice, times its 3 Lamport
+                       buffers; with patch 0005 vLLM requests two-shot
+                       where AUTO does not fit, so it can need less);
   fused (after)        compile ranges in which the patched tree applies the
                        fusion, target | draft (every range up to the limit).
 """
@@ -31,7 +33,7 @@ import argparse
 import sys
 from pathlib import Path
 
-PATCH = "0002-allreduce-fusion-size-workspace-from-engine-config.patch"
+PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
 MiB = 1024 * 1024
 
 CONFIGS = [

@@ -5,18 +5,27 @@ workspace under speculative decoding with TP > 1.
 
 Each public function is a scenario that ``harness.run_scenario`` runs in a
 fresh interpreter with ``PYTHONPATH=<vLLM tree>:<FlashInfer>:scripts``
-and that returns a JSON-serialisable dict.
+and that returns a JSON-serialisable dict.  A scenario named by a patch
+header's ``Scenario:`` field has its verdict ``check_<scenario>`` next to it
+(replay.verdict).  The replays run on every tree of the series, on pristine
+v0.27.1 and on v0.33.0 trees: what a tree lacks (the workspace plan, the
+failure latches) is looked up with ``hasattr``.
 
 What is REAL (taken from the vLLM tree under test and the installed FlashInfer):
   * vLLM's configuration: ``ModelConfig`` (from local ``config.json`` files, no
     weights), ``SpeculativeConfig``, ``VllmConfig.__post_init__`` (compile
-    ranges), the drafter's configuration via
-    ``DraftModelProposer._create_draft_vllm_config``;
-  * the worker's ``init_worker_distributed_environment`` (gpu_worker.py);
+    ranges, CUDA graph capture sizes and warm-up count as it sets them on a
+    platform with static graph support, like CUDA), the drafter's
+    configuration via ``DraftModelProposer._create_draft_vllm_config``;
+  * the worker's ``init_worker_distributed_environment`` and
+    ``Worker.load_model`` (gpu_worker.py; with the series it plans and
+    creates the workspace through ``prepare_fi_ar_workspace``);
+  * ``CudaCommunicator.destroy()`` of the TP group (``destroy_model_parallel``);
   * ``AllReduceFusionPass`` (sizing, workspace creation, pattern registration,
     ``is_applicable_for_range``), the custom op
-    ``call_trtllm_fused_allreduce_norm`` and the workspace getters /
-    ``FlashInferAllReduce`` of ``flashinfer_all_reduce.py``;
+    ``call_trtllm_fused_allreduce_norm`` and everything in
+    ``flashinfer_all_reduce.py`` (plan, getters, creation, agreement,
+    ``FlashInferAllReduce``);
   * FlashInfer's Python layer: ``allreduce_fusion`` dispatch,
     ``trtllm_allreduce_fusion`` / ``trtllm_mnnvl_*`` argument and workspace
     validation (``check_trtllm_allreduce_fusion_workspace_metadata``,
@@ -24,25 +33,53 @@ What is REAL (taken from the vLLM tree under test and the installed FlashInfer):
     sizing helpers and thresholds.
 
 What is SIMULATED (there is no GPU):
-  * the device: ``current_platform.is_cuda()`` returns True,
+  * the device: ``current_platform.is_cuda()`` and
+    ``support_static_graph_mode()`` return True (as CudaPlatform's do),
     ``get_device_capability()`` the chosen SM version and ``device_count()`` 8;
   * torch.distributed: a fake TP group coordinator (``world_size`` = TP, rank
-    0, one node) is installed in ``vllm.distributed.parallel_state``; its
-    all-reduce returns ``input * world_size`` (every rank holds the same
-    partial sums).  The worker's ``init_distributed_environment`` /
-    ``ensure_model_parallel_initialized`` only install that group;
+    0, one node, ``unique_name`` "tp:0") is installed in
+    ``vllm.distributed.parallel_state`` by the worker's
+    ``ensure_model_parallel_initialized`` (which keeps an existing group, as
+    the real one does; a simulated new process has none).  Its all-reduce
+    returns ``input * world_size`` (every rank holds the same partial sums).
+    Its ``device_communicator`` is a real ``CudaCommunicator`` made with
+    ``__new__`` (no NCCL, custom or quick all-reduce, symmetric memory or
+    all2all: those members are None); with the standalone FlashInfer
+    all-reduce on, its ``fi_ar_comm`` is the real ``FlashInferAllReduce``,
+    constructed when the group is, as ``CudaCommunicator.__init__`` does at
+    init_device (before the models are loaded);
+  * the other ranks: one peer stands for them.  It attempts creation
+    whenever this rank does while it has no workspace, and its first
+    ``peer_fails`` attempts fail; it answers the MIN all-reduce of the
+    creation agreement (trees with one) with its outcome and, like this rank,
+    frees its workspace when the agreement says some rank has none;
+  * the model runner: its ``load_model`` loads nothing; ``get_model()``
+    returns a ``torch.nn.Module`` stand-in whose backbone carries
+    ``do_not_compile = False``, as ``@support_torch_compile`` marks a model
+    that torch.compile will compile (no real model is built; read by trees
+    whose worker passes the loaded model to ``prepare_fi_ar_workspace``;
+    later ones decide from the configuration);
   * GPU allocation: ``flashinfer.comm.create_allreduce_fusion_workspace``
     builds FlashInfer's real workspace classes with ``cls.__new__`` and sets
     their sizing attributes with FlashInfer's own formulas
     (``trtllm_create_ipc_workspace_for_all_reduce_fusion`` metadata;
-    ``MNNVLAllReduceFusionWorkspace.__init__`` buffer size, without the
-    multicast allocation granularity round-up);
+    ``MNNVLAllReduceFusionWorkspace.__init__`` buffer size at allocation
+    granularity 1, the smallest buffer FlashInfer can end up with); while a
+    CUDA graph is being captured (``_state["capturing"]``) it refuses, as
+    CUDA does ("operation not permitted when stream is capturing");
+  * CUDA graph capture: ``_state["capturing"]`` (also what
+    ``torch.cuda.is_current_stream_capturing()`` returns); no graph is
+    recorded, the captured forward runs like any other;
   * kernels: FlashInfer's JIT modules (``get_trtllm_comm_module``,
     ``get_trtllm_mnnvl_comm_module``) are replaced by CPU reference kernels;
     everything FlashInfer does before the launch runs for real;
   * vLLM's ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``;
   * "a new process" (warm start) is simulated inside one interpreter by
-    destroying the workspaces and forgetting the planned size.
+    destroying the workspaces, forgetting the planned shape and the failure
+    latches, and dropping the TP group;
+  * a model loaded from the AOT compile cache: the fused ops of the compiled
+    graph called with the arguments a first (cold) run's pass baked into
+    them, without constructing a pass.
 """
 
 from __future__ import annotations
@@ -61,6 +98,27 @@ SEED_MESSAGE = (
     "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
     "(8192) * hidden_dim (2048)"
 )
+# The two seed configurations (bug A's seed 000, bug B's seed 001).
+SEED_000 = {
+    "target_hidden": 2048,
+    "draft_hidden": 2560,
+    "tp": 2,
+    "capability": 90,
+    "max_num_batched_tokens": 8192,
+    "backend": "trtllm",
+}
+SEED_001 = {
+    "target_hidden": 6144,
+    "draft_hidden": None,
+    "tp": 8,
+    "capability": 90,
+    "max_num_batched_tokens": 8192,
+    "backend": "mnnvl",
+}
+# creation_failure(**PEER_FAILS): this rank's creation succeeds, a peer's fails.
+PEER_FAILS = {"where": "peer"}
+# CUDA's refusal of an allocation on a capturing stream.
+CAPTURE_REFUSAL = "operation not permitted when stream is capturing"
 
 _MODEL_DIR = os.path.join(tempfile.gettempdir(), f"bug_a_models_{os.getuid()}")
 _state: dict[str, Any] = {}
@@ -97,6 +155,21 @@ def _model_dir(hidden: int) -> str:
     return d
 
 
+def _device_communicator(cpu_group, world_size: int):
+    """The TP group's REAL ``CudaCommunicator``, made with ``__new__``: none of
+    the communicators it would build on a GPU (they are None)."""
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    comm = CudaCommunicator.__new__(CudaCommunicator)
+    comm.cpu_group = comm.device_group = cpu_group
+    comm.unique_name = "tp:0"
+    comm.world_size, comm.rank, comm.ranks = world_size, 0, list(range(world_size))
+    comm.pynccl_comm = comm.ca_comm = comm.qr_comm = comm.symm_mem_comm = None
+    comm.aiter_ar_comm = comm.fi_ar_comm = comm.all2all_manager = None
+    comm.fi_pcie_ipc_ar_comm = None  # v0.33.0+
+    return comm
+
+
 class FakeTPGroup:
     """Simulated TP GroupCoordinator: rank 0 of ``world_size`` ranks."""
 
@@ -108,6 +181,7 @@ class FakeTPGroup:
         self.cpu_group = types.SimpleNamespace(name=f"fake_tp{world_size}")
         self.device_group = self.cpu_group
         self.unique_name = "tp:0"
+        self.device_communicator = _device_communicator(self.cpu_group, world_size)
         self.all_reduce_calls = 0
 
     def all_reduce(self, x):
@@ -187,6 +261,22 @@ def mnnvl_buffer_size(world_size, max_token_num, hidden_dim, dtype, force_onesho
     )
 
 
+def mnnvl_usable_buffer_bytes(buffer_size_in_bytes: int, granularity: int = 1) -> int:
+    """``buffer_size_bytes`` of FlashInfer's MNNVL workspace (0.6.16.post4)
+    for a requested per-buffer size: the 3 Lamport buffers plus
+    ``SIGNAL_PAD_SIZE`` are rounded up to the allocation ``granularity``
+    (mnnvl.py ``_get_allocation_prop``), the usable size is that minus the
+    pad (``get_usable_buffer_size``), and each buffer is a third of it,
+    16-byte aligned (``MNNVLAllReduceFusionWorkspace.__init__``).  The
+    device's granularity is hardware data; 1 gives the smallest buffer."""
+    from flashinfer.comm.mnnvl import SIGNAL_PAD_SIZE
+    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllReduceFusionWorkspace
+
+    n = MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
+    allocation = -(-(buffer_size_in_bytes * n + SIGNAL_PAD_SIZE) // granularity) * granularity
+    return (allocation - SIGNAL_PAD_SIZE) // n // 16 * 16
+
+
 def make_workspace(
     backend,
     world_size,
@@ -214,9 +304,8 @@ def make_workspace(
             buffer_size_in_bytes = mnnvl_buffer_size(
                 world_size, max_token_num, hidden_dim, dtype, force_oneshot_support
             )
-        allocated = buffer_size_in_bytes * ws.NUM_LAMPORT_BUFFERS
         ws.tp_size = world_size
-        ws.buffer_size_bytes = allocated // ws.NUM_LAMPORT_BUFFERS // 16 * 16
+        ws.buffer_size_bytes = mnnvl_usable_buffer_bytes(buffer_size_in_bytes)
         ws.workspace_size_bytes = ws.buffer_size_bytes * ws.NUM_LAMPORT_BUFFERS
         ws.handle = types.SimpleNamespace()
         ws.mc_ptr = 1
@@ -240,9 +329,10 @@ def make_workspace(
 
 
 class FakeDist:
-    """torch.distributed as flashinfer_all_reduce uses it: the other ranks of
-    the TP group answer like this one, unless ``_state["peer_fails"]`` says a
-    peer could not create its workspace (its MIN all-reduce contributes 0)."""
+    """torch.distributed as flashinfer_all_reduce uses it.  The MIN
+    all-reduce of the creation agreement (trees that have one) gets the
+    peer's outcome of the same creation (module docstring); a rank that
+    learns that some rank has no workspace frees its own, the peer too."""
 
     ReduceOp = types.SimpleNamespace(MIN="min")
 
@@ -259,9 +349,18 @@ class FakeDist:
     @staticmethod
     def all_reduce(tensor, op=None, group=None):
         _state["collectives"] += 1
-        if _state["peer_fails"]:
-            _state["peer_fails"] -= 1
+        if not _state["peer_has_workspace"]:
             tensor.zero_()
+        elif op == FakeDist.ReduceOp.MIN and not tensor.min().item():
+            _state["peer_has_workspace"] = False  # the peer frees its own
+
+
+def _peer_attempts_creation() -> None:
+    """The peer enters the creation this rank enters, unless it has a
+    workspace already; its first ``peer_fails`` attempts fail."""
+    if not _state["peer_has_workspace"]:
+        _state["peer_attempts"] += 1
+        _state["peer_has_workspace"] = _state["peer_attempts"] > _state["peer_fails"]
 
 
 def _reference_kernel(x, residual_in, gamma, eps, weight_bias, world_size):
@@ -361,13 +460,15 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     # Import the vLLM modules used here while the platform is still the CPU
     # host's (their import-time kernel probes would need vllm._C); the device
     # is simulated from here on.
-    import vllm.compilation.passes.fusion.allreduce_rms_fusion  # noqa: F401
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+    import vllm.distributed.device_communicators.cuda_communicator  # noqa: F401
     import vllm.v1.spec_decode.draft_model  # noqa: F401
     import vllm.v1.worker.gpu_worker  # noqa: F401
     from vllm.platforms import current_platform
     from vllm.platforms.interface import DeviceCapability
 
     current_platform.is_cuda = lambda: True
+    current_platform.support_static_graph_mode = lambda: True
     current_platform.device_count = lambda: 8
     current_platform.get_device_capability = lambda device_id=0: DeviceCapability(
         capability // 10, capability % 10
@@ -378,7 +479,7 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     import flashinfer.comm.trtllm_mnnvl_ar as trtllm_mnnvl_ar
     import vllm.distributed.parallel_state as ps
 
-    ps._TP = FakeTPGroup(tp)
+    ps._TP = None  # the worker's ensure_model_parallel_initialized makes it
     ps._NODE_COUNT = 1
 
     def create(
@@ -392,8 +493,14 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         comm_backend=None,
         force_oneshot_support=False,
         group=None,
+        **_,
     ):
         _state["attempts"] += 1
+        _peer_attempts_creation()
+        if _state["capturing"]:  # every rank captures: the peer is refused too
+            _state["attempts_in_capture"] += 1
+            _state["peer_has_workspace"] = False
+            raise RuntimeError(f"simulated: CUDA error: {CAPTURE_REFUSAL}")
         if _state["local_fails"]:  # e.g. out of memory on this rank
             _state["local_fails"] -= 1
             raise RuntimeError("simulated: CUDA out of memory")
@@ -411,6 +518,20 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     if hasattr(fiar, "_node_count"):  # v0.33.0+: a single node is simulated
         fiar._node_count = lambda group: 1
     fiar.dist = FakeDist
+
+    # The peer runs the same code: when this rank destroys the workspaces
+    # (teardown, a replaced workspace, a pass's __del__), so does the peer.
+    real_destroy = getattr(fiar.destroy_fi_ar_workspace, "__wrapped__", None)
+    real_destroy = real_destroy or fiar.destroy_fi_ar_workspace
+
+    def destroy_fi_ar_workspace():
+        _state["peer_has_workspace"] = False
+        real_destroy()
+
+    destroy_fi_ar_workspace.__wrapped__ = real_destroy
+    fiar.destroy_fi_ar_workspace = destroy_fi_ar_workspace
+    if hasattr(arf, "destroy_fi_ar_workspace"):  # the pass's __del__ (before 0003)
+        arf.destroy_fi_ar_workspace = destroy_fi_ar_workspace
     import torch
 
     torch.cuda.is_current_stream_capturing = lambda: _state["capturing"]
@@ -423,26 +544,45 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         backend=backend,
         destroyed=[],
         attempts=0,
+        attempts_in_capture=0,
         collectives=0,
         local_fails=0,
         peer_fails=0,
+        peer_attempts=0,
+        peer_has_workspace=False,
         capturing=False,
     )
 
 
-def new_process(tp: int | None = None) -> None:
-    """Simulate a fresh worker process: no workspace, no planned size."""
+def new_process() -> None:
+    """Simulate a fresh worker process: no workspace, no planned shape, no
+    failure latch, no TP group (its worker makes one)."""
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+    import vllm.distributed.parallel_state as ps
 
     _state["passes"].clear()
     fiar.destroy_fi_ar_workspace()
-    if tp is not None:
-        import vllm.distributed.parallel_state as ps
-
-        ps._TP = FakeTPGroup(tp)
+    for name, value in (
+        ("_fi_ar_workspace_shape", None),  # patch 0002
+        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
+        ("_fi_ar_quant_workspace_failed", False),
+    ):
+        if hasattr(fiar, name):
+            setattr(fiar, name, value)
+    ps._TP = None
     _state["created"].clear()
     _state["kernel_calls"].clear()
-    _state.update(destroyed=[], attempts=0, collectives=0, local_fails=0, peer_fails=0)
+    _state.update(
+        destroyed=[],
+        attempts=0,
+        attempts_in_capture=0,
+        collectives=0,
+        local_fails=0,
+        peer_fails=0,
+        peer_attempts=0,
+        peer_has_workspace=False,
+        capturing=False,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -509,9 +649,12 @@ def draft_config(vllm_config):
     return proposer._create_draft_vllm_config()
 
 
-def worker_init(vllm_config) -> None:
+def worker_init(vllm_config, standalone: bool = False) -> None:
     """A worker starting: gpu_worker.init_worker_distributed_environment
-    (simulated collectives), then ``load_models``."""
+    (simulated collectives and TP group, see the module docstring), then
+    ``load_models``.  ``standalone``: the standalone FlashInfer all-reduce
+    (VLLM_ALLREDUCE_USE_FLASHINFER=1) is on; the TP group's communicator
+    constructs it with the group."""
     import vllm.distributed.parallel_state as ps
     import vllm.v1.worker.gpu_worker as gw
 
@@ -521,7 +664,18 @@ def worker_init(vllm_config) -> None:
         ps._NODE_COUNT = 1
 
     def ensure_mp(*args, **kwargs):
+        if ps._TP is not None:  # kept from an earlier engine of this process
+            assert ps._TP.world_size == tp, "the TP group has another size"
+            return
         ps._TP = FakeTPGroup(tp)
+        if standalone:
+            import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(vllm_config):
+                ps._TP.device_communicator.fi_ar_comm = fiar.FlashInferAllReduce(
+                    group=ps._TP.cpu_group, device="cpu"
+                )
 
     gw.init_distributed_environment = init_dist
     gw.ensure_model_parallel_initialized = ensure_mp
@@ -529,23 +683,32 @@ def worker_init(vllm_config) -> None:
     load_models(vllm_config)
 
 
-def load_models(vllm_config) -> None:
-    """The worker's REAL ``Worker.load_model`` (gpu_worker.py) up to what
-    follows loading the weights: the model runner's ``load_model`` only
-    counts the torch.compile'd models it would build (target, drafter), as
-    their constructors do, and the CUDA allocator settings and sleep mode
-    memory pool it scopes are simulated (no-ops)."""
-    from vllm.compilation.counter import compilation_counter
+def model_stand_in(compiled: bool = True):
+    """What the model runner's ``get_model()`` returns, reduced to what is
+    read of it: a ``torch.nn.Module`` whose backbone is marked
+    ``do_not_compile = False`` (SIMULATED: ``@support_torch_compile`` marks a
+    model that torch.compile will compile this way; nothing is built)."""
+    import torch
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.do_not_compile = not compiled
+    return model
+
+
+def load_models(vllm_config, compiled: bool = True) -> None:
+    """The worker's REAL ``Worker.load_model`` (gpu_worker.py).  SIMULATED:
+    the model runner (its ``load_model`` loads nothing, ``get_model()`` is
+    ``model_stand_in()``), and the CUDA allocator settings and
+    sleep mode memory pool it scopes (no-ops)."""
     from vllm.v1.worker.gpu_worker import Worker
 
-    def load_model(**kwargs):
-        # each torch.compile'd model (target, drafter) counts itself when built
-        models = 1 + (vllm_config.speculative_config is not None)
-        compilation_counter.num_models_seen += models
-
+    model = model_stand_in(compiled)
     worker = Worker.__new__(Worker)
     worker.vllm_config = vllm_config
-    worker.model_runner = types.SimpleNamespace(load_model=load_model)
+    worker.model_runner = types.SimpleNamespace(
+        load_model=lambda **kwargs: None, get_model=lambda: model
+    )
     worker._scoped_allocator_max_split = lambda **kwargs: contextlib.nullcontext()
     worker._maybe_get_memory_pool_context = lambda tag: contextlib.nullcontext()
     worker.load_model()
@@ -560,8 +723,8 @@ def fusion_pass(vllm_config):
 
     with set_current_vllm_config(vllm_config):
         fpass = AllReduceFusionPass(vllm_config)
-    # The compiler's pass manager keeps its passes alive (their __del__
-    # destroys the workspace).
+    # The compiler's pass manager keeps its passes alive (before patch 0003
+    # their __del__ destroys the workspace).
     _state["passes"].append(fpass)
     return fpass
 
@@ -738,8 +901,9 @@ def warm_start(
 ):
     """Warm AOT compile cache: a first run compiled both models (passes built,
     fused ops baked with the pass's ``max_token_num``); then a new process
-    loads both graphs from the cache, so no pass is constructed and the
-    compiled op creates the workspace lazily with the target's tensors."""
+    loads both graphs from the cache, so no pass is constructed: the worker
+    creates the workspace when it loads the models (patch 0002 on), or else
+    the target's compiled op creates it lazily with its own tensors."""
     setup(tp, capability, backend)
     cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
     # first (cold) run, which filled the cache
@@ -748,7 +912,7 @@ def warm_start(
     if draft_hidden is not None:
         plans["draft"] = compile_plan(draft_config(cfg), fusion_pass(draft_config(cfg)))
     # second run: new process, graphs come from the AOT cache
-    new_process(tp)
+    new_process()
     worker_init(cfg)
     results = {"target": forward_all(plans["target"], max_num_batched_tokens, target_pattern)}
     if draft_hidden is not None:
@@ -762,11 +926,127 @@ def warm_start(
     }
 
 
+# FlashInfer's validation of a request against a workspace too small for it
+_TOO_SMALL = (
+    "exceeds workspace max_token_num",  # trtllm
+    "buffer size in the given workspace is insufficient",  # mnnvl
+)
+
+
+def _ran_fused(result: dict) -> bool:
+    """Every model of ``result["forward"]`` sent some token count to FlashInfer,
+    and every fused call matched the unfused reference."""
+    for sent in result.get("forward", {}).values():
+        fused = [v for v in sent.values() if v.get("fused")]
+        if not fused or any(v["max_abs_err"] != 0.0 for v in fused):
+            return False
+    return True
+
+
 def check_warm_start(result: dict) -> bool | None:
-    """Fixed: both models load and run (no error); the bug: FlashInfer's
-    workspace validation rejects the wider model (ValueError "exceeds
-    workspace max_token_num")."""
-    return by_exception(result, "ValueError", "exceeds workspace max_token_num")
+    """Fixed: both models load and run fused (no error, exact results); the
+    bug: FlashInfer's workspace validation rejects the wider model
+    (ValueError "exceeds workspace max_token_num" from trtllm, "buffer size
+    in the given workspace is insufficient" from MNNVL)."""
+    for message in _TOO_SMALL:
+        verdict = by_exception(result, "ValueError", message, _ran_fused)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def warm_start_capture_order(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=2,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+    num_warmups=None,
+):
+    """Warm start (new process, graphs from the AOT cache: no pass is built)
+    in vLLM's start order: the profile run at ``max_num_batched_tokens``
+    (target, then drafter), then CUDA graph capture of the config's
+    ``cudagraph_capture_sizes`` from the largest to the smallest, each size
+    (target, then drafter) after ``num_warmups`` eager runs, with
+    ``_state["capturing"]`` set during the capture (allocation is refused
+    there).  ``num_warmups=None``: the config's ``cudagraph_num_of_warmups``
+    as ``VllmConfig`` sets it on a platform with static graph support (1
+    unless enforce_eager, v0.27.1 ``vllm/config/vllm.py:1432``; the
+    CompilationConfig field's default is 0).  The first error stops the
+    start; ``at`` says where."""
+    setup(tp, capability, backend)
+    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    cc = cfg.compilation_config
+    warmups = cc.cudagraph_num_of_warmups if num_warmups is None else num_warmups
+    sizes = sorted(cc.cudagraph_capture_sizes or [], reverse=True)
+    # the first (cold) run compiled both models and filled the AOT cache
+    worker_init(cfg)
+    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
+    if draft_hidden is not None:
+        dcfg = draft_config(cfg)
+        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
+    new_process()
+    worker_init(cfg)  # the graphs come from the AOT cache: no pass
+    steps = [("profile", max_num_batched_tokens)]
+    for n in sizes:
+        steps += [("warmup", n)] * warmups + [("capture", n)]
+    out: dict[str, Any] = {
+        "cudagraph_mode": str(cc.cudagraph_mode),
+        "config_num_warmups": cc.cudagraph_num_of_warmups,
+        "num_warmups": warmups,
+        "capture_sizes": {"count": len(sizes), "largest": sizes[0] if sizes else None},
+        "fused_ranges": {k: p["fused_ranges"] for k, p in plans.items()},
+    }
+    calls = {"fused": 0, "unfused": 0}
+    first_fused, max_err, at = None, 0.0, None
+    try:
+        for phase, n in steps:
+            for model, plan in plans.items():
+                at = f"{phase}:{model}:{n}"
+                _state["capturing"] = phase == "capture"
+                try:
+                    res = forward(plan, n)
+                finally:
+                    _state["capturing"] = False
+                if res["fused"]:
+                    calls["fused"] += 1
+                    first_fused = first_fused or at
+                    max_err = max(max_err, res["max_abs_err"])
+                else:
+                    calls["unfused"] += 1
+    except Exception as e:  # noqa: BLE001  (reported like the harness does)
+        out.update(error=type(e).__name__, message=str(e)[:500], at=at)
+    out.update(
+        calls=calls,
+        first_fused=first_fused,
+        max_abs_err=max_err,
+        attempts_in_capture=_state["attempts_in_capture"],
+        created=list(_state["created"]),
+        workspaces=_workspaces(),
+    )
+    return out
+
+
+_START_BUGS = (
+    *(("ValueError", m) for m in _TOO_SMALL),  # a too small workspace
+    ("AssertionError", "workspace must be initialized"),  # creation failed
+    ("RuntimeError", CAPTURE_REFUSAL),
+)
+
+
+def check_warm_start_capture_order(result: dict) -> bool | None:
+    """Fixed: the whole start runs, fused calls among it, all exact, and no
+    creation was attempted inside a capture; the bug: the start dies of a
+    workspace that is too small or was not created (refused in capture)."""
+    if "error" in result:
+        bug = any(result["error"] == e and m in result.get("message", "") for e, m in _START_BUGS)
+        return False if bug else None
+    return (
+        result["calls"]["fused"] > 0
+        and result["max_abs_err"] == 0.0
+        and result["attempts_in_capture"] == 0
+    )
 
 
 def standalone(
@@ -777,24 +1057,23 @@ def standalone(
     max_num_batched_tokens=8192,
     backend="trtllm",
 ):
-    """FlashInferAllReduce (VLLM_ALLREDUCE_USE_FLASHINFER=1): target tensors
-    first, then the drafter's, at every token count up to the limit
-    FlashInferAllReduce accepts for each width (each accepted tensor goes to
-    FlashInfer).  Tensors are CPU tensors presented as CUDA (simulated)."""
+    """FlashInferAllReduce (VLLM_ALLREDUCE_USE_FLASHINFER=1), constructed with
+    the TP group before the models are loaded: target tensors first, then
+    the drafter's, at token counts around the limits FlashInferAllReduce may
+    accept for each width (each accepted tensor goes to FlashInfer).
+    Tensors are CPU tensors presented as CUDA (simulated)."""
     import torch
+    import vllm.distributed.parallel_state as ps
 
     setup(tp, capability, backend)
     cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
-    worker_init(cfg)
-    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+    worker_init(cfg, standalone=True)
+    comm = ps._TP.device_communicator.fi_ar_comm
+    created_at_load = len(_state["created"])
 
     class _OnDevice(torch.Tensor):
         is_cuda = property(lambda self: True)
 
-    from vllm.config import set_current_vllm_config
-
-    with set_current_vllm_config(cfg):  # as in the worker's init_device
-        comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
     accepted = {}
     for name, h in (("target", target_hidden), ("draft", draft_hidden)):
         if h is None:
@@ -815,6 +1094,7 @@ def standalone(
                 accepted[name].append(n)
     return {
         "accepted": accepted,
+        "created_at_load": created_at_load,
         "workspaces": _workspaces(),
         "kernel_calls": _kernel_calls(),
     }
@@ -839,14 +1119,27 @@ def _fused_call(plan, n=1) -> dict:
         return {"error": type(e).__name__, "message": str(e)[:300]}
 
 
+def _ranks(fiar) -> dict:
+    return {
+        "attempts": _state["attempts"],
+        "workspace": fiar._fi_ar_workspace is not None,
+        "peer_workspace": _state["peer_has_workspace"],
+    }
+
+
 def creation_failure(where="local", tp=2, capability=90, backend="trtllm"):
     """Workspace creation fails on its first attempt only: on this rank (a
-    simulated out-of-memory from FlashInfer's constructor) or on a peer (this
-    rank's creation succeeds, the peer reports failure in the agreement
-    all-reduce).  Cold start: the target's and the drafter's passes are
-    built.  Warm start (compiled graphs from the cache): the fused op is
-    called three times.  A correct tree attempts creation once per process
-    and every rank ends in the same state."""
+    simulated out-of-memory raised by FlashInfer's constructor on this rank
+    only; the simulation has no handle exchange, so this is a failure after
+    it: one inside it, with the peers still waiting there, is what patch
+    0004 says it does not cover) or on a peer (its first attempt fails; this
+    rank's succeeds).  Cold start: the worker loads
+    the models, then the target's and the drafter's passes are built.  Warm
+    start (compiled graphs from the cache): the worker loads the models, then
+    the fused op is called three times.  Reports per start this rank's
+    creation attempts and whether this rank and the peer end with a
+    workspace.  A correct tree attempts creation once per process and every
+    rank ends in the same state."""
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
 
     setup(tp, capability, backend)
@@ -855,38 +1148,45 @@ def creation_failure(where="local", tp=2, capability=90, backend="trtllm"):
     plans = {"target": compile_plan(cfg, fusion_pass(cfg))}  # a good earlier run
     fails = "local_fails" if where == "local" else "peer_fails"
     out = {}
-    new_process(tp)
+    new_process()
     _state[fails] = 1
     worker_init(cfg)
     passes = [fusion_pass(cfg), fusion_pass(draft_config(cfg))]
-    out["cold"] = {
-        "attempts": _state["attempts"],
-        "fusion_enabled": [not p.disabled for p in passes],
-        "workspace": fiar._fi_ar_workspace is not None,
-    }
-    new_process(tp)
+    out["cold"] = {**_ranks(fiar), "fusion_enabled": [not p.disabled for p in passes]}
+    new_process()
     _state[fails] = 1
     worker_init(cfg)
     calls = [_fused_call(plans["target"]) for _ in range(3)]
-    out["warm"] = {
-        "attempts": _state["attempts"],
-        "calls": calls,
-        "workspace": fiar._fi_ar_workspace is not None,
-    }
+    out["warm"] = {**_ranks(fiar), "calls": calls}
     return out
+
+
+def check_creation_failure(result: dict) -> bool | None:
+    """Fixed: in both starts one attempt and every rank (this one and the
+    peer) ends without a workspace; the bug: creation retried, or the ranks
+    end in different states."""
+    if "error" in result or not all(k in result for k in ("cold", "warm")):
+        return None
+    starts = [result["cold"], result["warm"]]
+    if any(s["attempts"] > 1 or s["workspace"] != s["peer_workspace"] for s in starts):
+        return False
+    if all(s["attempts"] == 1 and not s["workspace"] for s in starts):
+        return True
+    return None
 
 
 def capture_first_use(tp=2, capability=90, backend="trtllm"):
     """Warm start whose first fused call happens while a CUDA graph is being
-    captured (simulated: torch.cuda.is_current_stream_capturing() is True).
-    Creating there would allocate and run a collective inside the capture."""
+    captured (``_state["capturing"]``, where the simulated allocation is
+    refused).  Creating there would allocate and run a collective inside the
+    capture."""
     setup(tp, capability, backend)
     cfg = engine_config(2048, 2560, tp, 8192)
     worker_init(cfg)
     plan = compile_plan(cfg, fusion_pass(cfg))
-    new_process(tp)
+    new_process()
     worker_init(cfg)
-    before = _state["attempts"], _state["collectives"]
+    collectives = _state["collectives"]
     _state["capturing"] = True
     try:
         call = _fused_call(plan)
@@ -894,8 +1194,8 @@ def capture_first_use(tp=2, capability=90, backend="trtllm"):
         _state["capturing"] = False
     return {
         "call": call,
-        "attempts_in_capture": _state["attempts"] - before[0],
-        "collectives_in_capture": _state["collectives"] - before[1],
+        "attempts_in_capture": _state["attempts_in_capture"],
+        "collectives_in_capture": _state["collectives"] - collectives,
     }
 
 
@@ -926,33 +1226,43 @@ def drafter_pass_collected(tp=2, capability=90, backend="trtllm"):
     }
 
 
-def teardown_tp_group() -> None:
-    """What destroy_model_parallel() does to the TP group's device
-    communicator: the REAL CudaCommunicator.destroy() (its NCCL, custom
-    all-reduce and all2all members are absent in this simulation)."""
-    import vllm.distributed.parallel_state as ps
-    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+def check_drafter_pass_collected(result: dict) -> bool | None:
+    """Fixed: the workspace outlives the drafter's pass (not destroyed, not
+    created again) and the target's calls run fused and exact; the bug: the
+    pass's collection destroyed it (and the next call made another)."""
+    if "error" in result:
+        return None
+    if result["destroyed"] or not result["alive_after_gc"] or len(result["created"]) != 1:
+        return False
+    return _ran_fused(result)
 
-    comm = CudaCommunicator.__new__(CudaCommunicator)
-    comm.cpu_group = ps._TP.cpu_group
-    comm.pynccl_comm = comm.ca_comm = comm.aiter_ar_comm = None
-    comm.fi_ar_comm = comm.all2all_manager = None
-    comm.destroy()
+
+def teardown_tp_group() -> None:
+    """What destroy_model_parallel() does to the TP group: the REAL
+    ``CudaCommunicator.destroy()`` of its device communicator (unique_name
+    "tp:0"; its NCCL, custom all-reduce and all2all members are absent in
+    this simulation), then the group is gone."""
+    import vllm.distributed.parallel_state as ps
+
+    ps._TP.device_communicator.destroy()
+    ps._TP = None
 
 
 def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False, teardown=True):
     """Two engines one after the other in one process (external_launcher /
-    torchrun): engine 1 runs, is torn down (the TP group's communicator is
-    destroyed), and engine 2, wider, starts.  Engine 1's pass objects are
-    still referenced (nothing guarantees they are collected before engine 2
-    compiles), so only teardown can release the workspace.  With
-    ``first_fails`` engine 1's workspace creation failed."""
+    torchrun / RL loops): engine 1 runs, is torn down (the TP group's
+    communicator is destroyed) or keeps the model-parallel groups
+    (``teardown=False``), and engine 2, wider, starts.  Engine 1's pass
+    objects are still referenced (nothing guarantees they are collected
+    before engine 2 compiles).  With ``first_fails`` engine 1's first
+    workspace creation fails on this rank."""
     setup(tp, 90, "trtllm")
     cfg1 = engine_config(first_hidden, None, tp, 8192)
     _state["local_fails"] = 1 if first_fails else 0
     worker_init(cfg1)
     plan1 = compile_plan(cfg1, fusion_pass(cfg1))
     first = forward_all(plan1, 8192) if plan1["fused_ranges"] else {}
+    first_attempts = _state["attempts"]
     if teardown:
         teardown_tp_group()
     destroyed = len(_state["destroyed"])
@@ -963,18 +1273,20 @@ def two_engines(first_hidden=2048, second_hidden=5120, tp=2, first_fails=False, 
     plan2 = compile_plan(cfg2, fusion_pass(cfg2))
     return {
         "first": first,
+        "first_attempts": first_attempts,
+        "first_fused": bool(plan1["fused_ranges"]),
         "destroyed_at_teardown": destroyed,
         "forward": {"target": forward_all(plan2, 8192)},
+        "plan": plan2,
         "created": list(_state["created"]),
         "workspaces": _workspaces(),
         "kernel_calls": _kernel_calls(),
     }
 
 
-def suite() -> dict:
-    """Run the named cases in this one interpreter, each in a simulated new
-    process; an exception is reported as {"error", "message"}."""
-    cases = {
+def suite_cases() -> dict[str, tuple[Any, dict]]:
+    """The named cases of ``suite``: name -> (scenario function, kwargs)."""
+    return {
         "cold_seed": (cold_start, {}),
         "warm_seed": (warm_start, {}),
         "cold_quant_fp8": (cold_start, {"pattern": "kARResidualRMSNormFP8Quant"}),
@@ -990,18 +1302,42 @@ def suite() -> dict:
         "warm_no_spec": (warm_start, {"draft_hidden": None}),
         "cold_tp4_budget": (cold_start, {"tp": 4}),
         "warm_mnnvl_sm100": (warm_start, {"backend": "mnnvl", "capability": 100, "tp": 4}),
+        "capture_order_seed_000": (warm_start_capture_order, SEED_000),
+        "capture_order_seed_000_no_warmup": (
+            warm_start_capture_order,
+            {**SEED_000, "num_warmups": 0},
+        ),
+        "capture_order_seed_001": (warm_start_capture_order, SEED_001),
+        "capture_order_seed_001_no_warmup": (
+            warm_start_capture_order,
+            {**SEED_001, "num_warmups": 0},
+        ),
+        "cold_seed_001": (cold_start, SEED_001),
         "standalone_tp4": (standalone, {}),
         "fail_local": (creation_failure, {"where": "local"}),
-        "fail_peer": (creation_failure, {"where": "peer"}),
+        "fail_peer": (creation_failure, PEER_FAILS),
         "fail_local_mnnvl": (creation_failure, {"where": "local", "backend": "mnnvl"}),
+        "fail_peer_mnnvl": (creation_failure, {**PEER_FAILS, "backend": "mnnvl"}),
         "capture_first_use": (capture_first_use, {}),
         "drafter_collected": (drafter_pass_collected, {}),
         "two_engines": (two_engines, {}),
         "two_engines_first_failed": (two_engines, {"first_fails": True}),
         "two_engines_no_teardown": (two_engines, {"teardown": False}),
+        "two_engines_no_teardown_narrower": (
+            two_engines,
+            {"teardown": False, "second_hidden": 1024},
+        ),
     }
+
+
+def suite(names: list[str] | None = None) -> dict:
+    """Run the named cases of ``suite_cases`` (all, or those in ``names``) in
+    this one interpreter, each in a simulated new process; an exception is
+    reported as {"error", "message"}."""
     out = {}
-    for name, (fn, kwargs) in cases.items():
+    for name, (fn, kwargs) in suite_cases().items():
+        if names is not None and name not in names:
+            continue
         try:
             out[name] = fn(**kwargs)
         except Exception as e:  # reported, like the harness does
@@ -1039,7 +1375,7 @@ def check_case(
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
 
     setup(tp, capability, backend)
-    new_process(tp)
+    new_process()
     cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
     configs = {"target": cfg}
     if draft_hidden is not None:
@@ -1058,8 +1394,9 @@ def check_case(
                     bad.append(f"{order}:{name}:{n}x{plan['hidden']}")
 
     check("cold")
-    # warm: no pass; the target's compiled op creates the workspace lazily
-    new_process(tp)
+    # warm: no pass; the worker (with the series) or else the target's
+    # compiled op creates the workspace
+    new_process()
     worker_init(cfg)
     first = next((p for p in plans.values() if p["fused_ranges"]), None)
     if first is not None:
@@ -1146,15 +1483,16 @@ def _all_workspace_bytes() -> int:
 
 
 def bench(configs: list[dict]) -> list[dict]:
-    """Per config: bytes per rank this tree allocates in cold order (target
-    pass, then drafter pass) and warm order (AOT cache: the target's fused op
-    creates it), and the compile ranges each model fuses (cold plans)."""
+    """Per config: bytes per rank this tree allocates in cold order (the
+    worker's load, then the target's pass, then the drafter's) and warm
+    order (AOT cache, no pass: the worker's load, then the target's fused
+    op), and the compile ranges each model fuses (cold plans)."""
     out = []
     for c in configs:
         row: dict[str, Any] = {"config": c}
         try:
             setup(c["tp"], c["capability"], c["backend"])
-            new_process(c["tp"])
+            new_process()
             cfg = engine_config(
                 c["target_hidden"], c["draft_hidden"], c["tp"], c["max_num_batched_tokens"]
             )
@@ -1165,7 +1503,7 @@ def bench(configs: list[dict]) -> list[dict]:
             plans = {k: compile_plan(v, fusion_pass(v)) for k, v in configs_.items()}
             row["plans"] = plans
             row["cold_bytes"] = _all_workspace_bytes()
-            new_process(c["tp"])
+            new_process()
             worker_init(cfg)
             first = next((p for p in plans.values() if p["fused_ranges"]), None)
             if first is not None:
@@ -1184,7 +1522,12 @@ def bench(configs: list[dict]) -> list[dict]:
 
 
 def _min_need(c: dict, budget: int | None) -> int:
-    """Least bytes per rank FlashInfer needs for every admitted shape."""
+    """Least bytes per rank FlashInfer needs for every admitted shape: each
+    model up to its own token limit (the pass's, at its own width), in one
+    workspace as wide as the widest model.  trtllm: FlashInfer checks
+    token * hidden elements; mnnvl: ``get_required_buffer_size_bytes`` with
+    FlashInfer's AUTO choice for every request (what v0.27.1 requests on
+    MNNVL; patch 0005 requests two-shot where that does not fit)."""
     import torch
 
     if budget is None:
@@ -1192,12 +1535,12 @@ def _min_need(c: dict, budget: int | None) -> int:
     widths = [c["target_hidden"]] + ([c["draft_hidden"]] if c["draft_hidden"] else [])
     dtype, tp = torch.bfloat16, c["tp"]
     widest = max(widths)
-    # token limit the budget admits for the widest model (shared workspace)
-    limit = min(budget // (widest * 2), c["max_num_batched_tokens"])
-    if limit < 1:
+    limits = {h: min(budget // (h * 2), c["max_num_batched_tokens"]) for h in widths}
+    if min(limits.values()) < 1:
         return 0
     if c["backend"] == "trtllm":
-        m = trtllm_sizes(tp, limit, widest, dtype)
+        rows = -(-max(n * h for h, n in limits.items()) // widest)
+        m = trtllm_sizes(tp, rows, widest, dtype)
         r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
         return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
     from flashinfer.comm.trtllm_mnnvl_ar import (
@@ -1209,7 +1552,7 @@ def _min_need(c: dict, budget: int | None) -> int:
         MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
             tp, n, h, dtype, MNNVLAllreduceFusionStrategy.AUTO
         )
-        for h in widths
+        for h, limit in limits.items()
         for n in range(1, limit + 1)
     )
     return need // 16 * 16 * MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
@@ -1223,15 +1566,47 @@ def min_need(configs: list[dict], budgets: list) -> list[int]:
 # --------------------------------------------------------------------------
 # sweep (scripts/tpfix/bench/sweep_workspace.py): many configurations, one interpreter
 # --------------------------------------------------------------------------
+def requested_oneshot(ws, n, hidden, tp, dtype):
+    """The ``use_oneshot`` the tree's REAL fused op passes to FlashInfer for an
+    (n, hidden) input on workspace ``ws``: the op runs with uninitialised CPU
+    tensors, ``ws`` as the workspace it looks up and FlashInfer's
+    ``allreduce_fusion`` replaced by a recorder of its arguments."""
+    import torch
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+
+    seen: dict[str, Any] = {}
+    saved = {
+        name: getattr(arf, name) for name in ("get_fi_ar_workspace", "get_fi_ar_quant_workspace")
+    }
+    allreduce_fusion = arf.flashinfer_comm.allreduce_fusion
+    try:
+        for name in saved:
+            setattr(arf, name, lambda **kwargs: ws)
+        arf.flashinfer_comm.allreduce_fusion = lambda **kwargs: seen.update(kwargs)
+        x = torch.empty(n, hidden, dtype=dtype)
+        arf.call_trtllm_fused_allreduce_norm(
+            allreduce_in=x,
+            residual=torch.empty_like(x),
+            rms_gamma=torch.empty(hidden, dtype=dtype),
+            rms_eps=1e-6,
+            world_size=tp,
+            launch_with_pdl=True,
+            fp32_acc=True,
+            max_token_num=n,
+            pattern_code=arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm,
+        )
+    finally:
+        for name, fn in saved.items():
+            setattr(arf, name, fn)
+        arf.flashinfer_comm.allreduce_fusion = allreduce_fusion
+    return seen["use_oneshot"]
+
+
 def fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
     """FlashInfer's own check of an (n, hidden) request against ``ws``, with
-    the strategy the tree requests: the fused op's one-shot selection, or
-    the standalone all-reduce's (FlashInfer's AUTO on trees without patch
-    0003's fi_ar_mnnvl_use_oneshot)."""
-    import inspect
-
-    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
-    import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
+    the strategy the tree requests: what its fused op passes
+    (``requested_oneshot``), or for the standalone all-reduce none
+    (FlashInfer's AUTO decides)."""
     from flashinfer.comm.trtllm_ar import check_trtllm_allreduce_fusion_workspace_metadata
     from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllreduceFusionStrategy as S
 
@@ -1241,15 +1616,7 @@ def fits(ws, n, hidden, tp, dtype, standalone=False) -> bool:
         except ValueError:
             return False
         return True
-    select = arf._select_flashinfer_allreduce_use_oneshot
-    size = n * hidden * dtype.itemsize
-    if standalone:  # FlashInferAllReduce.all_reduce's request
-        own = getattr(fiar, "fi_ar_mnnvl_use_oneshot", None)
-        use_oneshot = None if own is None else own(ws, size * tp)
-    elif list(inspect.signature(select).parameters)[0] == "workspace_backend":
-        use_oneshot = select(ws.backend, _state["capability"], tp, size)
-    else:
-        use_oneshot = select(ws, _state["capability"], tp, size * tp)
+    use_oneshot = None if standalone else requested_oneshot(ws, n, hidden, tp, dtype)
     strategy = (
         S.select_strategy(tp, n, hidden, dtype)
         if use_oneshot is None
@@ -1294,7 +1661,7 @@ def sweep(configs: list[dict]) -> list[dict]:
     import torch
     import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
-    from vllm.config import set_current_vllm_config
+    import vllm.distributed.parallel_state as ps
 
     # register_patterns() ends by enabling the pass; keep only that
     arf.AllReduceFusionPass.register_patterns = lambda self: setattr(self, "disabled", False)
@@ -1316,16 +1683,13 @@ def sweep(configs: list[dict]) -> list[dict]:
         widths = sorted({h for _, h in models.values()})
         plans: dict[str, dict] = {}
         for order in ("cold", "warm"):
-            new_process(tp)
+            new_process()
             bad: list[str] = []
             try:
-                worker_init(cfg)
-                comm = None
-                if c["standalone"]:
-                    with set_current_vllm_config(cfg):
-                        comm = fiar.FlashInferAllReduce(group=fiar_group(), device="cpu")
-                    if order == "warm":  # a standalone all-reduce runs first
-                        comm.should_use_fi_ar(_Probe(1, t, torch.bfloat16))
+                worker_init(cfg, standalone=c["standalone"])
+                comm = ps._TP.device_communicator.fi_ar_comm
+                if comm is not None and order == "warm":  # a standalone all-reduce first
+                    comm.should_use_fi_ar(_Probe(1, t, torch.bfloat16))
                 if order == "cold":
                     plans = {k: compile_plan(mc, fusion_pass(mc)) for k, (mc, _) in models.items()}
                 elif plans["target"]["fused_ranges"]:

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Bug B (seed 001): one-shot all-reduce threshold in two different units.
+"""Bug B (seed 001): one-shot all-reduce threshold in two different units,
+and a request that does not fit a workspace shared by models of different
+widths.
 
 Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:<FlashInfer>:
 scripts`` (see ``scripts/tpfix/replay/harness.py``).  They drive the REAL vLLM code of
 the tree under test (the compiled custom op ``call_trtllm_fused_allreduce_norm``
-and the workspace helpers of ``flashinfer_all_reduce``) on top of the REAL
+and, in ``flashinfer_all_reduce``, the workspace plan ``prepare_fi_ar_workspace``
+where the tree has it, the getters and the creation) on top of the REAL
 FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
 classes, their size checks, ``MNNVL_ONE_SHOT_THRESHOLD``,
 ``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``).
@@ -14,11 +17,16 @@ What is simulated, and only that (there is no GPU here):
 
 * GPU memory.  ``MNNVLAllReduceFusionWorkspace.__init__`` runs unchanged,
   including its sizing branch; only ``McastGPUBuffer`` (the multicast
-  allocation) is replaced by an object that reports back exactly the size it
-  was asked for, and ``torch.cuda``/``torch.device("cuda")`` inside that module
-  map to the CPU.  On hardware the allocation is rounded UP to the multicast
-  granularity, so a request that fits here also fits there (the converse does
-  not hold: rounding may hide a too-small request on some GPUs).
+  allocation) is replaced by an object that reports the usable size
+  FlashInfer 0.6.16.post4 gets from the driver: the request (3 Lamport
+  buffers) plus ``SIGNAL_PAD_SIZE`` rounded up to the allocation
+  ``granularity``, minus the pad (mnnvl.py ``_get_allocation_prop``,
+  ``get_usable_buffer_size``); FlashInfer's constructor then makes each
+  buffer a third of it, 16-byte aligned.  The granularity is a parameter of
+  the case (default 1: the smallest buffer FlashInfer can end up with; the
+  device's recommended and multicast granularities are hardware data, not
+  known here).  ``torch.cuda``/``torch.device("cuda")`` inside that module
+  map to the CPU.
 * The TRT-LLM IPC workspace.  ``trtllm_create_ipc_workspace_for_all_reduce_fusion``
   allocates symmetric memory before returning its metadata; it is replaced by
   a function returning the same metadata, with the sizes computed by the same
@@ -28,17 +36,25 @@ What is simulated, and only that (there is no GPU here):
   FlashInfer would launch (``use_oneshot``).  Every FlashInfer check that runs
   before the launch is the real one.
 * The TP group: one process stands in for rank 0 of a TP group of the given
-  size (``get_tp_group``, ``get_tensor_model_parallel_rank``, ``get_node_count``,
-  FlashInfer's ``TorchDistBackend``).  ``tensor_model_parallel_all_reduce``
-  raises, and the case counts an "unfused" call instead of a kernel launch
-  (no tree of the series falls back to it; the count must stay 0).
+  size (``get_tp_group`` with no standalone FlashInfer all-reduce on its
+  device communicator, ``get_tensor_model_parallel_rank``,
+  ``get_node_count``, FlashInfer's ``TorchDistBackend``).  The other ranks'
+  answer to the creation agreement all-reduce (patch 0004) is "created"
+  (``dist`` stand-in); no CUDA graph is captured.
+  ``tensor_model_parallel_all_reduce`` raises, and the case counts an
+  "unfused" call instead of a kernel launch (no tree of the series falls
+  back to it; the count must stay 0).
 * The device: ``current_platform.is_cuda()`` is True and
   ``get_device_capability()`` returns the SM version of the case.
-* The engine configuration given to bug A's workspace sizing
-  (``get_fi_ar_workspace_shape``): an object carrying only the fields it
-  reads (target/draft width, dtype, TP size, ``max_num_batched_tokens``, a
-  real ``PassConfig``).  The other ranks' answer to the creation agreement
-  all-reduce is "created" (``dist`` stand-in); no CUDA graph is captured.
+* The engine as ``prepare_fi_ar_workspace`` sees it when the worker has
+  loaded the models (patch 0002 on): a configuration object carrying only
+  the fields it reads (target and draft width, a draft model as the
+  drafter, dtype, ``max_num_batched_tokens``, compilation mode
+  VLLM_COMPILE, a real ``PassConfig`` with the fusion on) and, where it
+  takes the loaded model, bug A's model stand-in, whose backbone is marked
+  compiled as ``@support_torch_compile`` marks it.
+  On trees without it (pristine v0.27.1) the first op call creates the
+  workspace with its own shape, as there.
 * vLLM's compiled ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``.
 """
 
@@ -48,12 +64,13 @@ import os
 import types
 from typing import Any
 
-from tpfix.replay.bug_a import trtllm_sizes
+from tpfix.replay.bug_a import model_stand_in, trtllm_sizes
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
-# planned width, so AUTO can pick one-shot beyond the buffer.  Used by
-# tests/test_bug_b.py and the Scenario: field of the patch that fixes it.
+# planned width, so AUTO can pick one-shot beyond the buffer (at allocation
+# granularity 1; see MIB2).  Used by tests/test_bug_b.py and the Scenario:
+# field of the patch that fixes it (0005).
 NARROW_DRAFT = {
     "backend": "mnnvl",
     "capability": 90,
@@ -65,6 +82,8 @@ NARROW_DRAFT = {
 }
 
 MiB = 1024 * 1024
+# A 2 MiB allocation granularity, to set against the default of 1.
+MIB2 = 2 * MiB
 
 _STATE: dict[str, Any] = {}
 
@@ -86,6 +105,8 @@ def _install_simulation() -> dict[str, Any]:
     allocations: list[dict[str, Any]] = []
 
     # -- MNNVL: real constructor, simulated multicast allocation -----------
+    from flashinfer.comm.mnnvl import SIGNAL_PAD_SIZE
+
     class _SimMcastGPUBuffer:
         def __init__(
             self,
@@ -96,11 +117,21 @@ def _install_simulation() -> dict[str, Any]:
             comm_backend_for_handle_transfer=None,
             **_,
         ):
-            self.buf_size = buf_size  # granularity rounding not simulated
+            # mnnvl.py: request + signal pad, rounded up to the granularity;
+            # the usable size is that minus the pad
+            g = _STATE["granularity"]
+            allocation = -(-(buf_size + SIGNAL_PAD_SIZE) // g) * g
+            self.buf_size = allocation - SIGNAL_PAD_SIZE
             self.mcast_device_memory = types.SimpleNamespace(
                 get_buffer_ptrs_host=lambda: [0] * group_size
             )
-            allocations.append({"backend": "mnnvl", "requested_workspace_bytes": buf_size})
+            allocations.append(
+                {
+                    "backend": "mnnvl",
+                    "requested_workspace_bytes": buf_size,
+                    "usable_bytes": self.buf_size,
+                }
+            )
 
         def lamport_initialize(self, rank, dtype):
             pass
@@ -178,7 +209,7 @@ def _install_simulation() -> dict[str, Any]:
 
     group = types.SimpleNamespace(name="tp-cpu-group")
     vfi.TorchDistBackend = _SimCommBackend
-    # the other ranks agree (patch 0002's creation all-reduce); no capture
+    # the other ranks agree (patch 0004's creation all-reduce); no capture
     vfi.dist = types.SimpleNamespace(
         all_reduce=lambda tensor, op=None, group=None: None,
         ReduceOp=types.SimpleNamespace(MIN="min"),
@@ -187,7 +218,13 @@ def _install_simulation() -> dict[str, Any]:
     vfi.get_node_count = lambda: 1
     if hasattr(vfi, "_node_count"):  # v0.33.0+: a single node is simulated
         vfi._node_count = lambda group: 1
-    arf.get_tp_group = lambda: types.SimpleNamespace(cpu_group=group)
+    tp_group = types.SimpleNamespace(
+        world_size=2,  # set per case
+        rank_in_group=0,
+        cpu_group=group,
+        device_communicator=types.SimpleNamespace(fi_ar_comm=None),
+    )
+    arf.get_tp_group = vfi.get_tp_group = lambda: tp_group
     arf.get_tensor_model_parallel_rank = lambda: 0
 
     capability = {"value": DeviceCapability(9, 0)}
@@ -205,6 +242,8 @@ def _install_simulation() -> dict[str, Any]:
         allocations=allocations,
         capability=capability,
         group=group,
+        tp_group=tp_group,
+        granularity=1,
         DeviceCapability=DeviceCapability,
     )
     return _STATE
@@ -220,10 +259,19 @@ def _dtype(name: str):
     return getattr(torch, name)
 
 
-def _configure(backend: str, capability: int) -> dict[str, Any]:
+def _configure(backend: str, capability: int, granularity: int = 1) -> dict[str, Any]:
     st = _install_simulation()
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
-    st["vfi"].destroy_fi_ar_workspace()
+    vfi = st["vfi"]
+    vfi.destroy_fi_ar_workspace()
+    for name, value in (
+        ("_fi_ar_workspace_shape", None),  # patch 0002
+        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
+        ("_fi_ar_quant_workspace_failed", False),
+    ):
+        if hasattr(vfi, name):
+            setattr(vfi, name, value)
+    st["granularity"] = granularity
     st["capability"]["value"] = st["DeviceCapability"](capability // 10, capability % 10)
     st["launches"].clear()
     st["allocations"].clear()
@@ -237,24 +285,33 @@ class _Unfused(Exception):
 def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None):
     """Plan and create the workspace the tree's way.
 
-    Returns ``(per-width max_token_num passed to the op, workspace shape or
-    None)``.  Each model's pass bakes its own ``max_token_num`` (the pass
-    formula).  With patch 0002 the worker first creates the workspace with
-    the REAL ``get_fi_ar_workspace_shape`` of an engine configuration holding
-    the fields it reads (target and draft width, dtype, TP size, token limit,
-    a real ``PassConfig``), as ``init_fi_ar_workspace`` does; without it
-    (pristine v0.27.1) the first op call creates it with its own shape.
+    Returns ``(per-width max_token_num passed to the op, planned workspace
+    shape or None)``.  Each model's pass bakes its own ``max_token_num`` (the
+    pass formula, ``PassConfig.ar_fusion_max_tokens`` where the tree has it).
+    From patch 0002 on the worker, once the models are loaded, calls the
+    REAL ``prepare_fi_ar_workspace`` with the engine (module docstring),
+    which plans the shape and creates the workspace; without it (pristine
+    v0.27.1) the first op call creates it with its own shape.
     """
     vfi = _STATE["vfi"]
     from vllm.config.compilation import PassConfig
 
-    pass_config = PassConfig(fi_allreduce_fusion_max_size_mb=budget_mb)
+    pass_config = PassConfig(fuse_allreduce_rms=True, fi_allreduce_fusion_max_size_mb=budget_mb)
     max_size = pass_config.flashinfer_max_size(tp)
     if max_size is None:
         return None, None
-    per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
-    if not hasattr(vfi, "get_fi_ar_workspace_shape"):
+    tokens = getattr(PassConfig, "ar_fusion_max_tokens", None)
+    if tokens is None:  # before patch 0002: the pass's own formula
+        per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
+    else:
+        per_width = {h: tokens(max_size, limit, h, dtype.itemsize) for h in widths}
+    _STATE["tp_group"].world_size = tp
+    if not hasattr(vfi, "prepare_fi_ar_workspace"):
         return per_width, None
+
+    import inspect
+
+    from vllm.config import CompilationMode
 
     def _model(h):
         return types.SimpleNamespace(get_hidden_size=lambda: h, dtype=dtype)
@@ -263,27 +320,24 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     spec = None
     if len(widths) > 1:
         spec = types.SimpleNamespace(
-            target_model_config=target,
             draft_model_config=_model(widths[1]),
             uses_draft_model=lambda: True,  # a draft model (method="draft_model")
         )
     cfg = types.SimpleNamespace(
         model_config=target,
         speculative_config=spec,
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=tp),
-        compilation_config=types.SimpleNamespace(pass_config=pass_config),
+        compilation_config=types.SimpleNamespace(
+            mode=CompilationMode.VLLM_COMPILE, pass_config=pass_config
+        ),
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=limit),
     )
-    shape = vfi.get_fi_ar_workspace_shape(cfg)
-    vfi.get_fi_ar_workspace(
-        world_size=tp,
-        rank=0,
-        max_token_num=shape[0],
-        hidden_dim=shape[1],
-        dtype=dtype,
-        group=_STATE["group"],
-    )
-    return per_width, shape
+    # the worker's call: (vllm_config, loaded model) or (vllm_config)
+    if len(inspect.signature(vfi.prepare_fi_ar_workspace).parameters) > 1:
+        vfi.prepare_fi_ar_workspace(cfg, model_stand_in())
+    else:
+        vfi.prepare_fi_ar_workspace(cfg)
+    shape = vfi._fi_ar_workspace_shape
+    return per_width, None if shape is None else list(shape)
 
 
 def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
@@ -305,7 +359,9 @@ def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
 
 
 def workspace_bytes_per_rank(workspace) -> int:
-    """GPU memory of one workspace on one rank, as requested from the allocator."""
+    """GPU memory of one workspace on one rank: TRT-LLM as requested from the
+    allocator; MNNVL its 3 usable Lamport buffers (the allocation adds the
+    signal pad and the granularity's round-up)."""
     if workspace.backend == "mnnvl":
         return workspace.buffer_size_bytes * workspace.NUM_LAMPORT_BUFFERS
     md = workspace.metadata
@@ -352,6 +408,7 @@ def run_case(
     token_counts: list[int] | None = None,
     vllm_table_on_mnnvl: bool = False,
     max_failures: int = 3,
+    granularity: int = 1,
 ) -> dict[str, Any]:
     """Plan, create and use the workspace through the tree's real code.
 
@@ -359,8 +416,10 @@ def run_case(
     ``call_trtllm_fused_allreduce_norm`` is called; FlashInfer's real
     ``allreduce_fusion`` resolves the strategy and runs its checks; the
     recorded launch is compared with the allocation (FlashInfer's formulas).
+    ``granularity``: the simulated MNNVL allocation granularity (module
+    docstring).
     """
-    st = _configure(backend, capability)
+    st = _configure(backend, capability, granularity)
     torch = st["torch"]
     arf, vfi = st["arf"], st["vfi"]
     tdtype = _dtype(dtype)
@@ -375,6 +434,7 @@ def run_case(
         "limit": limit,
         "budget_mb": budget_mb,
         "vllm_table_forced_on_mnnvl": forced,
+        "granularity": granularity,
         "planned_shape": shape,
     }
     if per_width_max is None:
@@ -458,6 +518,12 @@ def run_case(
         twoshot_tokens={h: _ranges(v) for h, v in twoshot_ns.items()},
     )
     return out
+
+
+def run_case_at(granularities: list[int], **case: Any) -> dict[str, dict[str, Any]]:
+    """``run_case(**case)`` at each simulated MNNVL allocation granularity, in
+    this one interpreter: {str(granularity): result}."""
+    return {str(g): run_case(**case, granularity=g) for g in granularities}
 
 
 def check_run_case(result: dict) -> bool | None:
@@ -553,8 +619,9 @@ def seed_replay() -> dict[str, Any]:
     }
 
 
-def property_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run many generated cases in this one interpreter.
+def property_cases(cases: list[dict[str, Any]], granularity: int = 1) -> dict[str, Any]:
+    """Run many generated cases in this one interpreter, at the simulated
+    MNNVL allocation ``granularity``.
 
     For each case two questions, over every N up to the token limit (sampled
     above 512 tokens):
@@ -571,6 +638,7 @@ def property_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
                 token_counts=_sample_tokens(case),
                 max_failures=1,
                 vllm_table_on_mnnvl=(mode == "policy"),
+                granularity=granularity,
                 **case,
             )
             res[mode] = {
@@ -586,6 +654,7 @@ def property_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
             }
         results.append(res)
     return {
+        "granularity": granularity,
         "n_cases": len(results),
         "policy_failing_cases": sum(bool(r["policy"]["failures"]) for r in results),
         "as_shipped_failing_cases": sum(bool(r["as_shipped"]["failures"]) for r in results),
