@@ -749,7 +749,8 @@ def test_every_lines_triage_file_loads(name: str):
 def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str):
     """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
     code, on an inventory written here), report and VEX beside that SBOM."""
-    dist, wheel, sdist, official = _publish_small(tmp_path)
+    # the image holds our wheel: the same version in the SBOM and the inventory
+    dist, wheel, sdist, official = _publish_small(tmp_path, read_version())
     inventory = {
         "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
         "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
