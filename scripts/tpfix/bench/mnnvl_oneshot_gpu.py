@@ -13,9 +13,10 @@ is still faster, converted to the unit vLLM's patched thresholds use:
     all-reduce bytes = num_tokens * hidden_size * element_size * world_size
 
 (what one rank's one-shot buffer must hold).  That number is what to compare
-with FlashInfer's ``MNNVL_ONE_SHOT_THRESHOLD`` (1 MiB; patch 0003 uses it on
-MNNVL) or with ``_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB`` x world_size (TRT-LLM)
-in vllm/compilation/passes/fusion/allreduce_rms_fusion.py.  The
+with FlashInfer's ``MNNVL_ONE_SHOT_THRESHOLD`` (1 MiB; FlashInfer's own choice
+on MNNVL, which patch 0005 checks against the workspace) or with
+``_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB`` x world_size (TRT-LLM) in
+vllm/compilation/passes/fusion/allreduce_rms_fusion.py.  The
 script also prints the per-rank MNNVL buffer FlashInfer needs to serve one-shot
 up to that size (``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``),
 so the memory cost of a larger threshold is visible.
