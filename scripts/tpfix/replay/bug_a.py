@@ -542,6 +542,13 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         tp=tp,
         capability=capability,
         backend=backend,
+    )
+    _state.update(_process_counters())
+
+
+def _process_counters() -> dict[str, Any]:
+    """What one simulated worker process counts, as it starts."""
+    return dict(
         destroyed=[],
         attempts=0,
         attempts_in_capture=0,
@@ -552,6 +559,19 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         peer_has_workspace=False,
         capturing=False,
     )
+
+
+def forget_fi_ar_state(fiar) -> None:
+    """flashinfer_all_reduce as a new process has it: no workspace, no planned
+    shape, no failure latch (each where the tree under test has it)."""
+    fiar.destroy_fi_ar_workspace()
+    for name, value in (
+        ("_fi_ar_workspace_shape", None),  # patch 0002
+        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
+        ("_fi_ar_quant_workspace_failed", False),
+    ):
+        if hasattr(fiar, name):
+            setattr(fiar, name, value)
 
 
 def new_process() -> None:
@@ -561,28 +581,11 @@ def new_process() -> None:
     import vllm.distributed.parallel_state as ps
 
     _state["passes"].clear()
-    fiar.destroy_fi_ar_workspace()
-    for name, value in (
-        ("_fi_ar_workspace_shape", None),  # patch 0002
-        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
-        ("_fi_ar_quant_workspace_failed", False),
-    ):
-        if hasattr(fiar, name):
-            setattr(fiar, name, value)
+    forget_fi_ar_state(fiar)
     ps._TP = None
     _state["created"].clear()
     _state["kernel_calls"].clear()
-    _state.update(
-        destroyed=[],
-        attempts=0,
-        attempts_in_capture=0,
-        collectives=0,
-        local_fails=0,
-        peer_fails=0,
-        peer_attempts=0,
-        peer_has_workspace=False,
-        capturing=False,
-    )
+    _state.update(_process_counters())
 
 
 # --------------------------------------------------------------------------

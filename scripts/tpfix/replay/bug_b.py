@@ -64,7 +64,7 @@ import os
 import types
 from typing import Any
 
-from tpfix.replay.bug_a import model_stand_in, trtllm_sizes
+from tpfix.replay.bug_a import forget_fi_ar_state, model_stand_in, trtllm_sizes
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
@@ -263,14 +263,7 @@ def _configure(backend: str, capability: int, granularity: int = 1) -> dict[str,
     st = _install_simulation()
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
     vfi = st["vfi"]
-    vfi.destroy_fi_ar_workspace()
-    for name, value in (
-        ("_fi_ar_workspace_shape", None),  # patch 0002
-        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
-        ("_fi_ar_quant_workspace_failed", False),
-    ):
-        if hasattr(vfi, name):
-            setattr(vfi, name, value)
+    forget_fi_ar_state(vfi)
     st["granularity"] = granularity
     st["capability"]["value"] = st["DeviceCapability"](capability // 10, capability % 10)
     st["launches"].clear()
