@@ -53,10 +53,16 @@ class _OSV(http.server.BaseHTTPRequestHandler):
     made-up one for jinja2 3.1.6 (a project the SBOM does not declare), else nothing."""
 
     asked: list = []
+    not_found = False  # answer 404 to every query (a URL that is no OSV API)
 
     def do_POST(self):
         q = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.asked.append((q["package"]["name"], q["version"]))
+        if self.not_found:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         asked = (q["package"]["name"], q["version"])
         other = dict(ADVISORY, id="GHSA-tpfx-test-0002", aliases=[])
         other["affected"] = [
@@ -79,6 +85,7 @@ def osv():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OSV)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _OSV.asked = []
+    _OSV.not_found = False
     yield f"http://127.0.0.1:{server.server_port}/v1/query"
     server.shutdown()
 
@@ -266,6 +273,15 @@ def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
     assert sorted(pins) == [("dep-a", "1.0"), ("vllm", wheel.name.split("-")[1])]
 
 
+def _error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one `error:` line a failed command ends with (no traceback)."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and proc.stderr.count("error:") == 1, proc.stderr
+    return last
+
+
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: Path):
     dist, wheel, _, _ = _publish_small(tmp_path)
@@ -273,19 +289,67 @@ def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: P
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1/query"
     proc = _advise(
-        dist,
-        "--requirements",
-        str(_pinned(tmp_path)),
-        "--service",
-        "osv",
-        "--osv-url",
-        f"http://127.0.0.1:{port}/v1/query",
+        dist, "--requirements", str(_pinned(tmp_path)), "--service", "osv", "--osv-url", url
     )
-    assert proc.returncode == 2
-    assert "could not be queried, so nothing was audited and nothing written" in proc.stderr
+    line = _error_line(proc)
+    assert f"the advisory source osv at {url} could not be queried" in line
+    assert "(unreachable: Connection refused)" in line
+    assert "nothing was audited and nothing written" in line
+    assert line.endswith("the other source: --service pypi, or OSV's own API (no --osv-url)")
     assert "no known" not in (proc.stdout + proc.stderr).lower()
     assert {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
+def test_a_source_answering_404_to_everything_is_named_in_one_line(tmp_path: Path, osv: str):
+    dist, wheel, _, _ = _publish_small(tmp_path)
+    before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
+    _OSV.not_found = True
+    proc = _advise(
+        dist, "--requirements", str(_pinned(tmp_path)), "--service", "osv", "--osv-url", osv
+    )
+    assert _OSV.asked  # it did answer: 404
+    line = _error_line(proc)
+    assert f"the advisory source osv at {osv} could not be queried" in line
+    assert "(it answers HTTP 404 Not Found)" in line
+    assert line.endswith("the other source: --service pypi, or OSV's own API (no --osv-url)")
+    assert {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()} == before
+
+
+def _skips(n: int, reason: str = "Dependency not found on PyPI and could not be audited") -> dict:
+    return {
+        "dependencies": [{"name": f"p{i}", "version": "1", "skip_reason": reason} for i in range(n)]
+    }
+
+
+def test_pypi_not_finding_any_project_is_one_line_naming_the_other_source():
+    """pip-audit's PyPI service skips each project the per-release JSON API
+    answers 404 for (a proxy or mirror that lacks it): 198 skips, one line."""
+    pins = [(f"p{i}", "1") for i in range(198)]
+    with pytest.raises(Fail) as e:
+        advisories.check_skipped(_skips(198), pins, "pypi", None)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("the advisory source pypi (PyPI's per-release JSON API) answered")
+    assert "'not found' for all 198 projects" in msg
+    assert msg.endswith("the other source: --service osv")
+
+
+def test_a_cut_list_of_skipped_projects_says_how_many_it_left_out():
+    pins = [(f"p{i}", "1") for i in range(200)]
+    report = _skips(198)
+    report["dependencies"] += [{"name": "p198", "version": "1"}, {"name": "p199", "version": "1"}]
+    with pytest.raises(Fail) as e:
+        advisories.check_skipped(report, pins, "pypi", None)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("198 of 200 projects could not be audited against pypi")
+    assert "(the other source: --service osv)" in lines[0]
+    assert len(lines) == 1 + 20 + 1 and lines[-1] == "  ... and 178 more"
+    assert lines[1] == "  p0: Dependency not found on PyPI and could not be audited"
+    audited = {"dependencies": report["dependencies"][198:]}
+    advisories.check_skipped(audited, pins[198:], "osv", None)  # none skipped: no error
 
 
 def test_unpinned_requirements_are_refused(tmp_path: Path):
@@ -318,7 +382,8 @@ def test_real_advisory_source_reports_or_fails_loudly(built_wheel: Path, tmp_pat
         assert proc.returncode == 2, proc.stderr
         assert (
             "so they cannot be audited" in proc.stderr  # uv could not resolve
-            or "could not be queried, so nothing was audited" in proc.stderr
+            or "could not be queried (" in proc.stderr
+            or "answered 'not found' for all" in proc.stderr
             or "could not be audited against" in proc.stderr
         ), proc.stderr
         assert "Traceback" not in proc.stderr
