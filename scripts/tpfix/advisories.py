@@ -29,9 +29,9 @@
                               component of its own for a project the SBOM
                               does not list) and our analysis from the line's
                               advisories.toml; one it does not name is `in_triage`.
-   The SBOM names this file (external reference `exploitability-statement`),
-   and each advisory advisories.toml says a patch fixes is in that patch's
-   `resolves` in the SBOM.
+   The VEX links to the SBOM (the SBOM, written by the build, does not name
+   this later file), and each advisory advisories.toml says a patch fixes is
+   in that patch's `resolves` in the SBOM.
 
 Advisory data changes every day while the wheel does not, so this is a
 separate step, not part of ./build.sh: the build stays reproducible and does
