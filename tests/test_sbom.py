@@ -283,6 +283,11 @@ def test_image_sbom_has_the_minimum_elements(tmp_path: Path):
     root = doc["metadata"]["component"]
     assert root["type"] == "container" and root["supplier"]["name"] == sbom.DISTRIBUTION
     assert "externalReferences" not in root  # no VEX link: the build writes none
+    (ours,) = [c for c in doc["components"] if c["bom-ref"] == wheel_ref]
+    names = read_series(get_line().series)
+    assert [_defect(p)["description"].split(" ", 1)[0] for p in ours["pedigree"]["patches"]] == (
+        names
+    )
     (tool,) = [t for t in doc["metadata"]["tools"]["components"] if t["name"] == "vllm-tpfix-tools"]
     assert tool["version"] == read_version()
 
