@@ -376,11 +376,11 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
     upstream = meta["version"].split("+")[0]
     license = meta["license"] or "Apache-2.0"
     patches = patch_entries(line)
+    rebased = _rebase_status(line)
     status = "; ".join(
-        f"{i.description[:4]} {i.description.split('; upstream: ', 1)[1].split(':')[0]}"
-        for p in patches
-        for i in p.resolves
-        if i.type == IssueClassification.DEFECT
+        f"{name.split('-', 1)[0]} "
+        + upstream_status(read_patch(line.patches / name).header, rebased.get(name))[0]
+        for name in read_series(line.series)
     )
     return Component(
         type=ComponentType.LIBRARY,
