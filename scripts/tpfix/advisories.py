@@ -29,15 +29,19 @@
                               component of its own for a project the SBOM
                               does not list) and our analysis from the line's
                               advisories.toml; one it does not name is `in_triage`.
-   The SBOM names this file (external reference `exploitability-statement`),
-   and each advisory advisories.toml says a patch fixes is in that patch's
-   `resolves` in the SBOM.
+   The VEX links to the SBOM (the SBOM, written by the build, does not name
+   this later file), and each advisory advisories.toml says a patch fixes is
+   in that patch's `resolves` in the SBOM.
 
 Advisory data changes every day while the wheel does not, so this is a
 separate step, not part of ./build.sh: the build stays reproducible and does
 not depend on a service.  If the set cannot be resolved, the source cannot be
 reached, or a single project could not be audited, it says so and exits 2,
 writing nothing: it never reports "no advisories" for what it did not check.
+A source that cannot be reached, answers an HTTP error, or knows none of the
+projects (PyPI's per-release API behind a proxy) is named in one line with
+the other source to try (--service osv / --service pypi); a list that is cut
+says how many it left out.
 
 advisories.toml (beside the line's series):
     [[advisory]]
@@ -54,6 +58,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -166,7 +171,7 @@ def resolve(wheel: Path, tgt: dict, index_url: str | None = None) -> list[tuple[
             f"uv could not resolve the requirements of {wheel.name} for Python "
             f"{tgt['python']} on {tgt['platform']} from the index, so they cannot be "
             "audited:\n  "
-            + "\n  ".join(proc.stderr.strip().splitlines()[-6:])
+            + _tail(proc.stderr, 6)
             + "\n  (an index of your own: --index-url; a pinned set: --requirements FILE)"
         )
     pins = []
@@ -227,11 +232,68 @@ def check_covers(pins: list[tuple[str, str]], need: set[str], what: str) -> None
 # --- the audit ---------------------------------------------------------------------
 
 
+def _listed(items: list[str], limit: int = 20) -> str:
+    """`items` one an indented line, the first `limit`, then how many were left out."""
+    more = [f"... and {len(items) - limit} more"] if len(items) > limit else []
+    return "\n  ".join([*items[:limit], *more])
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last `limit` lines of `text`, saying how many came before them."""
+    lines = text.strip().splitlines()
+    cut = [f"({len(lines) - limit} earlier lines left out)"] if len(lines) > limit else []
+    return "\n  ".join([*cut, *lines[-limit:]])
+
+
+def _sources(service: str, osv_url: str | None) -> tuple[str, str]:
+    """How the advisory source is named in messages, and the other one to try."""
+    if service == "pypi":
+        return "pypi (PyPI's per-release JSON API)", "--service osv"
+    if osv_url:
+        return f"osv at {osv_url}", "--service pypi, or OSV's own API (no --osv-url)"
+    return "osv (OSV's API)", "--service pypi"
+
+
+def _why_not(stderr: str) -> str:
+    """Why pip-audit could not query its service, from its traceback: the
+    requests error it ends in (unreachable, an HTTP status) or its last line."""
+    errors = re.findall(r"^requests\.exceptions\.(\w+): (.*)$", stderr, re.M)
+    for kind, text in errors:
+        if kind == "HTTPError":
+            status = re.match(r"(\d{3}) [^:]*: (.*?) for url", text)
+            return f"it answers HTTP {status.group(1)} {status.group(2)}" if status else text
+    for kind, text in errors:
+        if kind in ("ConnectionError", "ConnectTimeout", "ReadTimeout", "ProxyError", "SSLError"):
+            reason = re.search(r"\[Errno -?\d+\] ([^\"')]+)", text)
+            return f"unreachable: {reason.group(1) if reason else kind}"
+    return (stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def check_skipped(report: dict, pins: list[tuple[str, str]], service: str, osv_url: str | None):
+    """Fail unless pip-audit audited every project: a source that knows none of
+    them is named as such, in one line; otherwise the projects it skipped."""
+    source, other = _sources(service, osv_url)
+    skipped = [d for d in report["dependencies"] if "skip_reason" in d]
+    if not skipped:
+        return
+    if len(skipped) == len(pins) and all("not found" in d["skip_reason"] for d in skipped):
+        raise Fail(
+            f"the advisory source {source} answered 'not found' for all {len(pins)} projects, "
+            f"so it is not usable from here (a proxy or mirror without it?) and nothing "
+            f"was written; the other source: {other}"
+        )
+    raise Fail(
+        f"{len(skipped)} of {len(pins)} projects could not be audited against {source}, "
+        f"so no report was written (the other source: {other}):\n  "
+        + _listed([f"{d['name']}: {d['skip_reason']}" for d in skipped])
+    )
+
+
 def audit(pins: list[tuple[str, str]], service: str, osv_url: str | None) -> dict:
     """pip-audit's JSON report for `pins`; Fail if any project was not audited."""
     if importlib.util.find_spec("pip_audit") is None:
         raise Fail(f"pip-audit is not installed in {sys.prefix}: ./build.sh installs it")
-    source = osv_url or service
+    source, other = _sources(service, osv_url)
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp) / "pinned.txt"
         req.write_text("".join(f"{n}=={v}\n" for n, v in pins))
@@ -257,19 +319,12 @@ def audit(pins: list[tuple[str, str]], service: str, osv_url: str | None) -> dic
             cmd += ["--osv-url", osv_url]
         proc = subprocess.run(cmd, text=True, capture_output=True)
         if not out.exists():
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise Fail(
-                f"the advisory source ({source}) could not be queried, so nothing was "
-                f"audited and nothing written: {last}"
+                f"the advisory source {source} could not be queried ({_why_not(proc.stderr)}), "
+                f"so nothing was audited and nothing written; the other source: {other}"
             )
         report = json.loads(out.read_text())
-    skipped = [d for d in report["dependencies"] if "skip_reason" in d]
-    if skipped:
-        shown_ = "\n  ".join(f"{d['name']}: {d['skip_reason']}" for d in skipped[:20])
-        raise Fail(
-            f"{len(skipped)} of {len(pins)} projects could not be audited against "
-            f"{source}, so no report was written:\n  {shown_}"
-        )
+    check_skipped(report, pins, service, osv_url)
     asked = {canonicalize_name(n) for n, _ in pins}
     got = {canonicalize_name(d["name"]) for d in report["dependencies"]}
     if got != asked:

@@ -3,22 +3,35 @@
 """CycloneDX SBOMs of the wheel and of the image (cyclonedx-python-lib).
 
 The wheel's SBOM (`<wheel>.cdx.json`, CycloneDX 1.6 JSON):
-  * the root component is our wheel (purl pkg:pypi/vllm@<VERSION>, sha256);
+  * the root component is our wheel (purl pkg:pypi/vllm@<VERSION>, sha256,
+    license), supplied and built by this distribution, authored by the vLLM
+    project and this distribution (DISTRIBUTION, UPSTREAM: one place);
   * its pedigree names the exact upstream inputs as ancestors (the pinned
-    sdist and the official wheel, with their sha256) and each patch of the
-    series as a patch entry: backport (applied upstream later) or
-    unofficial, its diff attached, the bug it resolves with its upstream
-    references (the patch header's Bug: and Related: fields);
-  * the wheel's declared requirements (METADATA Requires-Dist) as
-    components, the root depending on them; a `==` pin carries its version,
-    a range only its requirement string (property tpfix:requirement).
+    sdist and the official wheel, with their sha256, supplied by the vLLM
+    project) and each patch of the series, in series order, as a patch
+    entry: its diff, the upstream issue it resolves (id `owner/repo#N` from
+    the header's Bug:, Related: as references, `vllm#N` there linked as
+    /pull/N) and what upstream did with it (`applied`, `superseded` by
+    another change, `open`; from Applied-Upstream:, Forwarded: and the
+    line's rebase.json).  Only an `applied` patch is a backport;
+  * every project the wheel's METADATA Requires-Dist names, once, by its
+    canonical name: purl pkg:pypi/<name> (@version only when pinned `==`),
+    each requirement line (tpfix:requirement), its range in vers form
+    (tpfix:version-range, e.g. vers:pypi/>=1.2|<2: CycloneDX 1.6 has no
+    versionRange on a component, 1.7 added it), its markers (tpfix:marker);
+    optional when only our extras need it.  The root depends on each.
 
 The image's SBOM (`<image>.cdx.json`): the image (config digest), the base
 image by name and digest where local storage knows it, and every Python
 distribution installed in the image, our vLLM with the wheel's pedigree.
 
-Both are reproducible: the serial number derives from the subject's
-sha256, the timestamp from SOURCE_DATE_EPOCH, and the tools are pinned.
+Both name this distribution as author, supplier and manufacturer of the
+SBOM, the tools with their versions (ours: the line's VERSION), and say
+where a component's supplier is not known here (tpfix:supplier).  Neither
+links a VEX: `python -m tpfix.advisories` writes one later, and it links to
+the SBOM.  Both are reproducible: the serial number derives from the
+subject's sha256, and there is no timestamp (CycloneDX allows none; the
+metadata property tpfix:timestamp says so and gives SOURCE_DATE_EPOCH).
 Each is validated against the CycloneDX schema before it is written.
 
     python -m tpfix.sbom validate FILE...     # schema-check SBOMs
@@ -27,10 +40,10 @@ Each is validated against the CycloneDX schema before it is written.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import uuid
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 
 from cyclonedx.contrib.this.builders import this_component
@@ -53,15 +66,19 @@ from cyclonedx.model.component import (
     PatchClassification,
     Pedigree,
 )
-from cyclonedx.model.issue import IssueClassification, IssueType
+from cyclonedx.model.contact import OrganizationalContact, OrganizationalEntity
+from cyclonedx.model.issue import IssueClassification, IssueType, IssueTypeSource
 from cyclonedx.model.license import LicenseExpression
 from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
-from tpfix.common import Fail, Line, main_wrapper, sha256_file, wheel_message
+from tpfix.common import Fail, Line, main_wrapper, read_version, sha256_file, wheel_message
 from tpfix.patchfile import read_patch, read_series
 from tpfix.triage import load_triage
 
@@ -69,56 +86,119 @@ SCHEMA = SchemaVersion.V1_6
 _GITHUB = "https://github.com/"
 _SHORT_REF = re.compile(r"\b([\w.-]+/)?([\w.-]+)?#(\d+)\b")
 _URL = re.compile(r"https?://\S+[^\s).,;]")
+_ISSUE_URL = re.compile(r"^https://github\.com/([\w.-]+/[\w.-]+)/(?:issues|pull)/(\d+)$")
+
+# Who makes what, as the SPDX headers say: this distribution (the wheel, the
+# image, the patches, these SBOMs) and upstream vLLM (the sdist, the official
+# wheel, the code they carry).
+DISTRIBUTION = "Contributors to the vLLM tpfix distribution"
+UPSTREAM = "Contributors to the vLLM project"
+UPSTREAM_URL = "https://github.com/vllm-project/vllm"
+# What a dependency component says where its supplier is not known here: a
+# requirement names a project, not who made the release that gets installed.
+SUPPLIER_UNKNOWN = "unknown: not recorded in the metadata this SBOM is made from"
+# CycloneDX allows no timestamp; ours would be the build's clock (two builds of
+# the same inputs would differ) or SOURCE_DATE_EPOCH (the upstream sdist's
+# date, months before the build).  So there is none, and the SBOM says so.
+NO_TIMESTAMP = (
+    "omitted: this SBOM is reproducible (the same inputs give the same bytes); "
+    "the files it describes are dated SOURCE_DATE_EPOCH={epoch} ({date}, the upstream sdist's)"
+)
+
+
+def _distribution() -> OrganizationalEntity:
+    return OrganizationalEntity(name=DISTRIBUTION)
+
+
+def _upstream_org() -> OrganizationalEntity:
+    return OrganizationalEntity(name=UPSTREAM, urls=[XsUri(UPSTREAM_URL)])
 
 
 def _sha256(hexdigest: str) -> HashType:
     return HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)
 
 
-def _refs(text: str) -> list[str]:
+def _refs(text: str, kind: str = "pull") -> list[str]:
     """The URLs in a header field: links as written, `vllm#123` and
-    `owner/repo#123` as GitHub links (vLLM's own repository by default)."""
+    `owner/repo#123` as GitHub links of `kind` (`pull`: what `Related:` names
+    are upstream changes; an issue there is best written as its full URL)."""
     urls = _URL.findall(text)
     for owner, repo, num in _SHORT_REF.findall(_URL.sub("", text)):
         if owner:
-            urls.append(f"{_GITHUB}{owner}{repo}/issues/{num}")
+            urls.append(f"{_GITHUB}{owner}{repo}/{kind}/{num}")
         elif repo == "vllm":
-            urls.append(f"{_GITHUB}vllm-project/vllm/issues/{num}")
+            urls.append(f"{_GITHUB}vllm-project/vllm/{kind}/{num}")
     return urls
 
 
+def _issue_id(url: str) -> str:
+    """`owner/repo#N` for a GitHub issue or pull request URL, else the URL."""
+    m = _ISSUE_URL.match(url)
+    return f"{m.group(1)}#{m.group(2)}" if m else url
+
+
+def _rebase_status(line: Line) -> dict[str, str]:
+    """{patch: "rebased from TAG: class"} of the line's rebase.json
+    (tpfix.maint.newline), if it has one."""
+    path = line.patches / "rebase.json"
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        return {n: f"rebased from {doc['from']}: {c}" for n, c in doc["patches"].items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise Fail(
+            f"{path}: not a rebase summary ({e}); rewrite it with tpfix.maint.newline"
+        ) from None
+
+
+def upstream_status(header, rebased: str | None) -> tuple[str, str]:
+    """(status, short reason) of what upstream did with a patch, from its DEP-3
+    header (and the line's rebase.json class): `applied` (upstream has this
+    change: forwarded, then Applied-Upstream), `superseded` (upstream fixed it
+    with another change: Applied-Upstream, never forwarded), `open` (not
+    upstream: forwarded as a pull request, or not yet)."""
+    applied = header.get("Applied-Upstream")
+    forwarded = (header.get("Forwarded") or "no").strip()
+    sent = forwarded.lower() not in ("no", "not-needed")
+    if applied:
+        status = "applied" if sent else "superseded"
+        reason = f"fixed in {applied}" + ("" if sent else ", not by this patch")
+    else:
+        status = "open"
+        reason = f"forwarded as {forwarded}" if sent else "not forwarded"
+    return status, f"{reason}; {rebased}" if rebased else reason
+
+
 def patch_entries(line: Line) -> list[Patch]:
-    """One CycloneDX patch per patch of the line's series.  The library sorts
-    them; each issue's id starts with the patch's number and its description
-    says its place in the series.  Advisories that advisories.toml says a patch
-    fixes are among its `resolves`, as security issues."""
+    """One CycloneDX patch per patch of the line's series: the upstream issue
+    it resolves (its `Bug:`, `Related:` as references), whose description
+    names the patch file, its place in the series and what upstream did with
+    it.  Advisories that advisories.toml says a patch fixes are among its
+    `resolves`, as security issues.  The library sorts patches; `dumps` puts
+    them back in series order."""
     _, triage = load_triage(line)
     names = read_series(line.series)
+    rebased = _rebase_status(line)
     out = []
     for pos, name in enumerate(names, 1):
         path = line.patches / name
-        p = read_patch(path)
-        h = p.header
-        bug = h.get("Bug") or ""
+        h = read_patch(path).header
+        bugs = _refs(h.get("Bug") or "", "issues")
         related = [u for v in h.get_all("Related") for u in _refs(v)]
         subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", h.mail_field("Subject") or name)
+        status, reason = upstream_status(h, rebased.get(name))
         issue = IssueType(
             type=IssueClassification.DEFECT,
-            id=name,
+            id=_issue_id(bugs[0]) if bugs else f"tpfix:{name}",
             name=subject,
-            description=f"{name} (sha256 {sha256_file(path)}), patch {pos} of "
-            f"{len(names)} in series order"
-            + (
-                f"; applied upstream: {h.get('Applied-Upstream')}"
-                if h.get("Applied-Upstream")
-                else ""
-            ),
-            references=[XsUri(u) for u in [*_refs(bug), *related]],
+            description=f"{name} (sha256 {sha256_file(path)}), patch {pos} of {len(names)} "
+            f"in series order; upstream: {status}: {reason}",
+            source=IssueTypeSource(name="GitHub", url=XsUri(bugs[0])) if bugs else None,
+            references=[XsUri(u) for u in [*bugs, *related]],
         )
         kind = (
-            PatchClassification.BACKPORT
-            if h.get("Applied-Upstream")
-            else PatchClassification.UNOFFICIAL
+            PatchClassification.BACKPORT if status == "applied" else PatchClassification.UNOFFICIAL
         )
         diff = Diff(text=AttachedText(content=path.read_text(), content_type="text/x-diff"))
         security = [
@@ -128,6 +208,26 @@ def patch_entries(line: Line) -> list[Patch]:
         ]
         out.append(Patch(type=kind, diff=diff, resolves=[issue, *security]))
     return out
+
+
+_SERIES_PLACE = re.compile(r", patch (\d+) of \d+ in series order;")
+
+
+def _series_order(doc: dict) -> None:
+    """Every pedigree's patches in series order (the place each defect's
+    description names), wherever cyclonedx-python-lib sorted them."""
+
+    def place(patch: dict) -> int:
+        for issue in patch.get("resolves", []):
+            m = _SERIES_PLACE.search(issue.get("description", ""))
+            if m:
+                return int(m.group(1))
+        return 0
+
+    for c in [doc.get("metadata", {}).get("component") or {}, *doc.get("components", [])]:
+        patches = c.get("pedigree", {}).get("patches")
+        if patches:
+            patches.sort(key=place)
 
 
 def _metadata(wheel: Path) -> dict:
@@ -140,44 +240,132 @@ def _metadata(wheel: Path) -> dict:
     }
 
 
-def _requirement(req: str) -> Component:
-    from packaging.requirements import Requirement
-
-    r = Requirement(req)
-    pinned = [s.version for s in r.specifier if s.operator == "=="]
-    version = pinned[0] if len(pinned) == 1 and "*" not in pinned[0] else None
-    optional = r.marker is not None and "extra" in str(r.marker)
-    return Component(
-        type=ComponentType.LIBRARY,
-        name=r.name,
-        version=version,
-        # a range names no package version: no purl, or scanners match it to all
-        purl=PackageURL("pypi", name=canonicalize_name(r.name), version=version)
-        if version
-        else None,
-        bom_ref=f"requirement:{req}",
-        scope=ComponentScope.OPTIONAL if optional else ComponentScope.REQUIRED,
-        properties=[Property(name="tpfix:requirement", value=req)],
-    )
+def _bump(release: tuple[int, ...]) -> Version:
+    """The first version past every `release.*` (1.2 -> 1.3)."""
+    return Version(".".join(map(str, [*release[:-1], release[-1] + 1])))
 
 
-def _vex_ref(name: str) -> ExternalReference:
-    """Where `python -m tpfix.advisories` writes this SBOM's VEX (beside it)."""
-    return ExternalReference(
-        type=ExternalReferenceType.EXPLOITABILITY_STATEMENT,
-        url=XsUri(f"{name}.vex.cdx.json"),
-        comment="written by python -m tpfix.advisories (not by the build: advisories change daily)",
-    )
+_INF = None  # an unbounded end of an interval
 
 
-def _upstream(kind: str, path: Path, version: str) -> Component:
+def _intervals(spec) -> list[tuple]:
+    """The versions one PEP 440 clause allows, as intervals (lo, lo_incl, hi, hi_incl)."""
+    op, v = spec.operator, spec.version
+    if v.endswith(".*"):
+        base = Version(v[:-2])
+        lo, hi = base, _bump(base.release)
+        inside = [(lo, True, hi, False)]
+        return inside if op == "==" else [(_INF, False, lo, False), (hi, True, _INF, False)]
+    ver = Version(v)
+    if op in ("==", "==="):
+        return [(ver, True, ver, True)]
+    if op == "!=":
+        return [(_INF, False, ver, False), (ver, False, _INF, False)]
+    if op == "~=":  # ~=1.4.2: >=1.4.2, ==1.4.*
+        return [(ver, True, _bump(ver.release[:-1]), False)]
+    if op in (">=", ">"):
+        return [(ver, op == ">=", _INF, False)]
+    return [(_INF, False, ver, op == "<=")]
+
+
+def _meet(a: tuple, b: tuple) -> tuple | None:
+    def lower(x, y):  # the higher of two lower ends
+        if x[0] is _INF or (y[0] is not _INF and (y[0], not y[1]) > (x[0], not x[1])):
+            return y
+        return x
+
+    def upper(x, y):  # the lower of two upper ends
+        if x[0] is _INF or (y[0] is not _INF and (y[0], y[1]) < (x[0], x[1])):
+            return y
+        return x
+
+    lo = lower(a[:2], b[:2])
+    hi = upper(a[2:], b[2:])
+    bounded = lo[0] is not _INF and hi[0] is not _INF
+    if bounded and (lo[0] > hi[0] or (lo[0] == hi[0] and not (lo[1] and hi[1]))):
+        return None
+    return (*lo, *hi)
+
+
+def vers(specifier: SpecifierSet) -> str | None:
+    """A PEP 440 specifier set in vers form (vers:pypi/>=1.2|<2), None if it
+    names no version or uses a version vers cannot order."""
+    try:
+        allowed = [(_INF, False, _INF, False)]
+        for spec in specifier:
+            allowed = [m for a in allowed for b in _intervals(spec) if (m := _meet(a, b))]
+    except InvalidVersion:
+        return None
+    if not allowed:
+        return None
+    allowed.sort(key=lambda i: (i[0] is not _INF, i[0] or Version("0")))
+    out: list[str] = []
+    for n, (lo, lo_in, hi, hi_in) in enumerate(allowed):
+        if lo is not _INF and lo == hi:
+            out.append(str(lo))
+            continue
+        if lo is not _INF:
+            prev = allowed[n - 1] if n else None
+            if prev and prev[2] == lo and not prev[3] and not lo_in and out and out[-1] == f"<{lo}":
+                out[-1] = f"!={lo}"  # one version left out between two intervals
+            else:
+                out.append(f"{'>=' if lo_in else '>'}{lo}")
+        if hi is not _INF:
+            out.append(f"{'<=' if hi_in else '<'}{hi}")
+    return "vers:pypi/" + ("|".join(out) or "*")
+
+
+def requirement_components(requires: list[str]) -> list[Component]:
+    """One component per project the wheel's Requires-Dist names (canonical
+    name), however many lines name it: each line (marker and extras as
+    written) and its range (vers) kept as properties, the pin as version and
+    purl version where all lines pin the same `==` version; optional when
+    only extras of ours need it."""
+    by_name: dict[str, list[Requirement]] = {}
+    for req in requires:
+        r = Requirement(req)
+        by_name.setdefault(canonicalize_name(r.name), []).append(r)
+    out = []
+    for name, reqs in sorted(by_name.items()):
+        lines = list(dict.fromkeys(str(r) for r in reqs))
+        pins = {s.version for r in reqs for s in r.specifier if s.operator == "=="}
+        exact = all(
+            len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in reqs
+        )
+        version = pins.pop() if exact and len(pins) == 1 and "*" not in next(iter(pins)) else None
+        ranges = dict.fromkeys(v for r in reqs if (v := vers(r.specifier)))
+        markers = dict.fromkeys(str(r.marker) for r in reqs if r.marker is not None)
+        required = any(r.marker is None or "extra" not in str(r.marker) for r in reqs)
+        out.append(
+            Component(
+                type=ComponentType.LIBRARY,
+                name=name,
+                version=version,
+                purl=PackageURL("pypi", name=name, version=version),
+                bom_ref=f"requirement:{name}",
+                scope=ComponentScope.REQUIRED if required else ComponentScope.OPTIONAL,
+                properties=[
+                    *(Property(name="tpfix:requirement", value=x) for x in lines),
+                    *(Property(name="tpfix:version-range", value=x) for x in ranges),
+                    *(Property(name="tpfix:marker", value=x) for x in markers),
+                    Property(name="tpfix:supplier", value=SUPPLIER_UNKNOWN),
+                ],
+            )
+        )
+    return out
+
+
+def _upstream(kind: str, path: Path, version: str, license: str) -> Component:
     return Component(
         type=ComponentType.LIBRARY,
         name="vllm",
         version=version,
         purl=PackageURL("pypi", name="vllm", version=version, qualifiers={"file_name": path.name}),
         bom_ref=f"upstream:{kind}:{path.name}",
+        supplier=_upstream_org(),
+        authors=[OrganizationalContact(name=UPSTREAM)],
         hashes=[_sha256(sha256_file(path))],
+        licenses=[LicenseExpression(license)],
         description=f"upstream {kind}, pinned and verified by sha256",
     )
 
@@ -186,6 +374,14 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
     """Our wheel, with its pedigree (upstream inputs and the series)."""
     meta = _metadata(wheel)
     upstream = meta["version"].split("+")[0]
+    license = meta["license"] or "Apache-2.0"
+    patches = patch_entries(line)
+    rebased = _rebase_status(line)
+    status = "; ".join(
+        f"{name.split('-', 1)[0]} "
+        + upstream_status(read_patch(line.patches / name).header, rebased.get(name))[0]
+        for name in read_series(line.series)
+    )
     return Component(
         type=ComponentType.LIBRARY,
         name="vllm",
@@ -194,8 +390,11 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
             "pypi", name="vllm", version=meta["version"], qualifiers={"file_name": wheel.name}
         ),
         bom_ref=f"pkg:pypi/vllm@{meta['version']}",
+        supplier=_distribution(),
+        manufacturer=_distribution(),
+        authors=[OrganizationalContact(name=UPSTREAM), OrganizationalContact(name=DISTRIBUTION)],
         hashes=[_sha256(sha256_file(wheel))],
-        licenses=[LicenseExpression(meta["license"] or "Apache-2.0")],
+        licenses=[LicenseExpression(license)],
         description=f"vLLM {line.tag} with the tpfix series "
         f"({len(read_series(line.series))} patches)",
         external_references=[
@@ -204,40 +403,47 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
                 url=XsUri(f"{_GITHUB}vllm-project/vllm/tree/{line.tag}"),
                 comment="upstream source at the pinned tag",
             ),
-            _vex_ref(wheel.name),
         ],
         properties=[Property(name="tpfix:requires-python", value=meta["python"] or "")],
         pedigree=Pedigree(
             ancestors=[
-                _upstream("sdist", sdist, upstream),
-                _upstream("wheel", official, upstream),
+                _upstream("sdist", sdist, upstream, license),
+                _upstream("wheel", official, upstream, license),
             ],
-            patches=patch_entries(line),
+            patches=patches,
             notes=(
                 f"Built from the sdist with the series applied by quilt, in vLLM's "
                 f"precompiled mode: the compiled files are the official wheel's, byte "
                 f"for byte (tpfix.verify). Scanners: {meta['version']} is vLLM "
-                f"{upstream} plus the patches above."
+                f"{upstream} plus the patches above. Upstream, by patch: {status}."
             ),
         ),
     )
 
 
-def _epoch_time(epoch: str | int) -> datetime:
-    return datetime.fromtimestamp(int(epoch), tz=UTC)
-
-
-def _bom(root: Component, serial_of: str, epoch: str | int) -> Bom:
+def _bom(root: Component, serial_of: str, epoch: str | int, tool_version: str) -> Bom:
+    """The document around `root`: serial number from `serial_of` (a sha256),
+    no timestamp (NO_TIMESTAMP says why), this distribution as its author,
+    the tools that wrote it with their versions (ours: the release, VERSION)."""
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"tpfix:{serial_of}"))
     bom.metadata.component = root
-    bom.metadata.timestamp = _epoch_time(epoch)
+    bom.metadata.timestamp = None
+    date = datetime.fromtimestamp(int(epoch), tz=UTC).isoformat()
+    bom.metadata.properties.add(
+        Property(name="tpfix:timestamp", value=NO_TIMESTAMP.format(epoch=epoch, date=date))
+    )
+    bom.metadata.authors.add(OrganizationalContact(name=DISTRIBUTION))
+    bom.metadata.supplier = _distribution()
+    bom.metadata.manufacturer = _distribution()
     bom.metadata.tools.components.add(this_component())
     bom.metadata.tools.components.add(
         Component(
             type=ComponentType.APPLICATION,
             name="vllm-tpfix-tools",
-            version=metadata.version("vllm-tpfix-tools"),
-            description="this repository's scripts/tpfix (build.sh)",
+            version=tool_version,
+            supplier=_distribution(),
+            description="this repository's scripts/tpfix (build.sh), at the release it built "
+            "(VERSION; the provenance names the commit)",
         )
     )
     return bom
@@ -245,11 +451,11 @@ def _bom(root: Component, serial_of: str, epoch: str | int) -> Bom:
 
 def wheel_bom(wheel: Path, line: Line, sdist: Path, official: Path, epoch: str | int) -> Bom:
     root = wheel_component(wheel, line, sdist, official)
-    bom = _bom(root, sha256_file(wheel), epoch)
-    reqs = [_requirement(r) for r in _metadata(wheel)["requires"]]
+    bom = _bom(root, sha256_file(wheel), epoch, read_version(line.version_file))
+    reqs = requirement_components(_metadata(wheel)["requires"])
     for c in reqs:
         bom.components.add(c)
-    bom.register_dependency(root, [c for c in reqs if c.scope == ComponentScope.REQUIRED])
+    bom.register_dependency(root, reqs)  # optional ones: scope optional
     return bom
 
 
@@ -282,12 +488,13 @@ def image_bom(
         name=split_ref(img["ref"])[0],
         version=version,
         bom_ref=f"image:{img['ref']}",
+        supplier=_distribution(),
+        manufacturer=_distribution(),
         hashes=[_sha256(config)],
         description=f"vLLM {tag} image with the tpfix wheel (config digest sha256:{config})",
-        external_references=[_vex_ref(stem)],
         properties=[Property(name="tpfix:layer", value=d) for d in img["layers"]],
     )
-    bom = _bom(root, config, epoch)
+    bom = _bom(root, config, epoch, version)
     base = inventory["base"]
     digest = base.get("digest")
     base_c = Component(
@@ -300,6 +507,7 @@ def image_bom(
         description="base image, by its manifest digest"
         if digest
         else "base image (its digest is not known to local storage)",
+        properties=[Property(name="tpfix:supplier", value=SUPPLIER_UNKNOWN)],
     )
     deps = [base_c]
     seen = [(canonicalize_name(d["name"]), d["version"]) for d in inventory["python"]]
@@ -316,7 +524,10 @@ def image_bom(
                 version=dist["version"],
                 purl=PackageURL("pypi", name=key[0], version=key[1]),
                 bom_ref=ref,
-                properties=[Property(name="tpfix:location", value=dist.get("location", ""))],
+                properties=[
+                    Property(name="tpfix:location", value=dist.get("location", "")),
+                    Property(name="tpfix:supplier", value=SUPPLIER_UNKNOWN),
+                ],
             )
         deps.append(c)
     for c in deps:
@@ -327,7 +538,9 @@ def image_bom(
 
 def dumps(bom: Bom) -> str:
     """The BOM as CycloneDX JSON, schema-checked (a Fail names the error)."""
-    text = JsonV1Dot6(bom).output_as_string(indent=2) + "\n"
+    doc = json.loads(JsonV1Dot6(bom).output_as_string())
+    _series_order(doc)
+    text = json.dumps(doc, indent=2) + "\n"
     validate(text)
     return text
 

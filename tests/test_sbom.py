@@ -1,0 +1,327 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The SBOMs (tpfix.sbom): the wheel's, written by the package stage on the
+tiny wheel of tests/test_release.py, and the schema check.  The image's SBOM
+on a real image: tests/test_image.py.
+
+Fast tier: the schema check.  Slow tier: every package stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_release import _publish_small, _sha
+
+from tpfix import sbom
+from tpfix.common import Fail, get_line, read_version
+from tpfix.patchfile import read_series
+
+
+def _defect(patch: dict) -> dict:
+    (issue,) = [i for i in patch["resolves"] if i["type"] == "defect"]
+    return issue
+
+
+def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) -> dict:
+    text = doc_path.read_text()
+    sbom.validate(text)  # the CycloneDX 1.6 JSON schema, strict
+    doc = json.loads(text)
+    root = doc["metadata"]["component"]
+    assert root["name"] == "vllm"
+    assert root["version"] == wheel.name.split("-")[1]
+    assert root["hashes"] == [{"alg": "SHA-256", "content": _sha(wheel)}]
+    assert minimum_elements(doc, {root["bom-ref"]}) == []
+    ancestors = {a["bom-ref"].split(":")[1]: a for a in root["pedigree"]["ancestors"]}
+    assert ancestors["sdist"]["hashes"][0]["content"] == sdist_sha
+    assert ancestors["wheel"]["hashes"][0]["content"] == official_sha
+    for a in ancestors.values():
+        assert a["supplier"]["name"] == sbom.UPSTREAM
+    assert root["supplier"]["name"] == doc["metadata"]["authors"][0]["name"] == sbom.DISTRIBUTION
+    line = get_line()
+    names = read_series(line.series)
+    patches = root["pedigree"]["patches"]
+    # in series order, each naming its file, place and sha256
+    for pos, (name, p) in enumerate(zip(names, patches, strict=True), 1):
+        issue = _defect(p)
+        assert issue["description"].startswith(
+            f"{name} (sha256 {_sha(line.patches / name)}), patch {pos} of {len(names)} "
+            "in series order; upstream: "
+        )
+        assert p["diff"]["text"]["content"] == (line.patches / name).read_text()
+        # the upstream issue the header's Bug: names, by id and link
+        bug = [v for k, v in _trailers(line.patches / name) if k == "Bug"][0]
+        owner_repo, num = bug.removeprefix("https://github.com/").split("/issues/")
+        assert issue["id"] == f"{owner_repo}#{num}"
+        assert issue["source"]["url"] == bug and bug in issue["references"]
+        # Related: short references are pull requests
+        assert all("/issues/" not in r for r in issue["references"] if r != bug)
+        header = dict(_trailers(line.patches / name))
+        if header.get("Applied-Upstream") and header.get("Forwarded") in ("no", "not-needed"):
+            assert "upstream: superseded: fixed in " in issue["description"]
+        elif not header.get("Applied-Upstream"):
+            assert "upstream: open: not forwarded" in issue["description"]
+        assert p["type"] == "unofficial"  # no patch of ours is upstream's own change
+    if line.is_default:  # upstream pinned a newer FlashInfer instead of taking 0001
+        assert "upstream: superseded: fixed in v0.33.0" in _defect(patches[0])["description"]
+    assert "0001 superseded; 0002 open" in root["pedigree"]["notes"]
+    # no link to a file the build does not write
+    assert all(e["type"] != "exploitability-statement" for e in root["externalReferences"])
+    assert "timestamp" not in doc["metadata"]
+    (tool,) = [t for t in doc["metadata"]["tools"]["components"] if t["name"] == "vllm-tpfix-tools"]
+    assert tool["version"] == read_version(line.version_file)
+    return doc
+
+
+def _trailers(path: Path):
+    from tpfix.patchfile import read_patch
+
+    return read_patch(path).header.trailers
+
+
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
+def test_sbom_names_the_upstream_inputs_and_each_patch(tmp_path: Path):
+    dist, wheel, sdist, official = _publish_small(tmp_path)
+    doc = _check_sbom(dist / f"{wheel.name}.cdx.json", wheel, _sha(sdist), _sha(official))
+    (comp,) = doc["components"]  # the tiny wheel's one requirement
+    assert comp["name"] == "flashinfer-python" and comp["scope"] == "required"
+    assert comp["version"] == "0.6.16.post4"
+    assert comp["purl"] == "pkg:pypi/flashinfer-python@0.6.16.post4"
+    (dep,) = [d for d in doc["dependencies"] if d["ref"] == doc["metadata"]["component"]["bom-ref"]]
+    assert dep["dependsOn"] == [comp["bom-ref"]]
+
+
+def _props(c) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for p in c.properties:
+        out.setdefault(p.name, []).append(p.value)
+    return out
+
+
+def test_each_required_project_is_one_component_with_purl_and_vers_range():
+    """As vLLM's own METADATA writes them: a name twice (a base requirement
+    and an extra's), non-canonical names, a bare name, wildcard exclusions."""
+    comps = sbom.requirement_components(
+        [
+            "opentelemetry-sdk>=1.27.0",
+            'opentelemetry-sdk>=1.26.0; extra == "otel"',
+            "opentelemetry-sdk>=1.27.0",
+            "prometheus_client>=0.18.0",
+            "regex",
+            "PyNvVideoCodec==2.0.4",
+            "fastapi[standard]<0.137.0,>=0.133.0",
+            "protobuf!=6.30.*,!=6.31.*,>=5.29.6",
+            'scipy; extra == "bench"',
+            'scipy; extra == "audio"',
+        ]
+    )
+    by = {c.name: c for c in comps}
+    assert sorted(by) == [
+        "fastapi",
+        "opentelemetry-sdk",
+        "prometheus-client",
+        "protobuf",
+        "pynvvideocodec",
+        "regex",
+        "scipy",
+    ]
+    assert len({c.bom_ref.value for c in comps}) == len(comps)
+    otel = _props(by["opentelemetry-sdk"])
+    assert otel["tpfix:requirement"] == [
+        'opentelemetry-sdk>=1.26.0; extra == "otel"',
+        "opentelemetry-sdk>=1.27.0",
+    ]
+    assert otel["tpfix:version-range"] == ["vers:pypi/>=1.26.0", "vers:pypi/>=1.27.0"]
+    assert otel["tpfix:marker"] == ['extra == "otel"']
+    assert by["opentelemetry-sdk"].scope.value == "required"
+    assert by["scipy"].scope.value == "optional"  # only our extras need it
+    assert str(by["pynvvideocodec"].purl) == "pkg:pypi/pynvvideocodec@2.0.4"
+    assert by["pynvvideocodec"].version == "2.0.4"
+    assert str(by["fastapi"].purl) == "pkg:pypi/fastapi" and by["fastapi"].version is None
+    assert _props(by["fastapi"])["tpfix:version-range"] == ["vers:pypi/>=0.133.0|<0.137.0"]
+    assert _props(by["regex"])["tpfix:version-range"] == ["vers:pypi/*"]
+    assert _props(by["protobuf"])["tpfix:version-range"] == ["vers:pypi/>=5.29.6|<6.30|>=6.32"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        (">=1.2,<2", "vers:pypi/>=1.2|<2"),
+        ("==1.0", "vers:pypi/1.0"),
+        ("~=1.4.2", "vers:pypi/>=1.4.2|<1.5"),
+        (">=1,!=1.5,<2", "vers:pypi/>=1|!=1.5|<2"),
+        ("==1.2.*", "vers:pypi/>=1.2|<1.3"),
+        ("!=1.*", "vers:pypi/<1|>=2"),
+        (">1,<=3", "vers:pypi/>1|<=3"),
+        ("", "vers:pypi/*"),
+        (">3,<2", None),  # allows nothing: no range claimed
+    ],
+)
+def test_pep440_specifiers_in_vers_form(spec: str, want: str | None):
+    from packaging.specifiers import SpecifierSet
+
+    assert sbom.vers(SpecifierSet(spec)) == want
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"Forwarded": "not-needed", "Applied-Upstream": "v0.33.0 (a newer pin)"}, "superseded"),
+        (
+            {"Forwarded": "https://github.com/vllm-project/vllm/pull/1", "Applied-Upstream": "v1"},
+            "applied",
+        ),
+        ({"Forwarded": "https://github.com/vllm-project/vllm/pull/1"}, "open"),
+        ({"Forwarded": "no"}, "open"),
+        ({}, "open"),
+    ],
+)
+def test_what_upstream_did_with_a_patch_follows_its_header(fields: dict, status: str):
+    got, reason = sbom.upstream_status(fields, None)
+    assert got == status
+    if status == "open" and "Forwarded" in fields and fields["Forwarded"] != "no":
+        assert reason == f"forwarded as {fields['Forwarded']}"
+    _, with_rebase = sbom.upstream_status(fields, "rebased from v0.27.1: conflicts")
+    assert with_rebase == f"{reason}; rebased from v0.27.1: conflicts"
+
+
+def test_sbom_schema_check_rejects_a_broken_document():
+    with pytest.raises(Fail, match="not valid CycloneDX 1.6"):
+        sbom.validate(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6", "version": "x"}))
+
+
+# --- NTIA minimum elements and CISA's baseline attributes ---------------------------
+
+
+def minimum_elements(doc: dict, shipped: set[str]) -> list[str]:
+    """What a CycloneDX JSON SBOM lacks of NTIA's minimum elements (2021) and
+    CISA's baseline attributes (2024), one finding a line; [] when none.
+
+    Every component (the subject, the listed components, the subject's
+    pedigree ancestors): a name; a supplier, or the statement that it is not
+    known (property tpfix:supplier); a version, or the range a requirement
+    allows (property tpfix:version-range); an identifier (purl; a container
+    by its digest); reachable from the subject in `dependencies`.  Those in
+    `shipped` (bom-refs of the files we ship) also a SHA-256 hash and a
+    license.  The SBOM: an author, a timestamp or a stated absence (metadata
+    property tpfix:timestamp), each tool with a name and a version."""
+    out = []
+    meta = doc.get("metadata", {})
+    props = {p["name"]: p.get("value") for p in meta.get("properties", [])}
+    if not any(a.get("name") for a in meta.get("authors", [])) and not (
+        meta.get("manufacturer", {}).get("name")
+    ):
+        out.append("metadata: no author of the SBOM data (authors or manufacturer)")
+    if not meta.get("timestamp") and not props.get("tpfix:timestamp"):
+        out.append("metadata: no timestamp and no stated absence (tpfix:timestamp)")
+    tools = meta.get("tools", {}).get("components", [])
+    if not tools:
+        out.append("metadata: no tool")
+    for t in tools:
+        if not t.get("name") or not t.get("version"):
+            out.append(f"tool {t.get('name')!r}: no name or version")
+    root = meta.get("component")
+    if root is None:
+        return [*out, "metadata: no component (the subject)"]
+    comps = [root, *doc.get("components", [])]
+    ancestors = root.get("pedigree", {}).get("ancestors", [])
+    graph = {d["ref"]: d.get("dependsOn", []) for d in doc.get("dependencies", [])}
+    reached, todo = set(), [root["bom-ref"]]
+    while todo:
+        ref = todo.pop()
+        if ref not in reached:
+            reached.add(ref)
+            todo += graph.get(ref, [])
+    for c in [*comps, *ancestors]:
+        what = f"component {c.get('bom-ref') or c.get('name')}"
+        cprops = {p["name"] for p in c.get("properties", []) if p.get("value")}
+        if not c.get("name"):
+            out.append(f"{what}: no name")
+        if not c.get("supplier", {}).get("name") and "tpfix:supplier" not in cprops:
+            out.append(f"{what}: no supplier, and none stated unknown")
+        if not c.get("version") and "tpfix:version-range" not in cprops:
+            out.append(f"{what}: no version or version range")
+        if not c.get("purl") and not (c.get("type") == "container" and c.get("hashes")):
+            out.append(f"{what}: no unique identifier (purl)")
+        if c in comps and c["bom-ref"] not in reached:
+            out.append(f"{what}: no dependency relationship to the subject")
+        if c.get("bom-ref") in shipped:
+            if not any(h.get("alg") == "SHA-256" for h in c.get("hashes", [])):
+                out.append(f"{what}: a file we ship, without a SHA-256 hash")
+            if not c.get("licenses"):
+                out.append(f"{what}: a file we ship, without a license")
+    if not root.get("supplier", {}).get("name"):
+        out.append("the subject: no supplier")
+    if not root.get("authors") and not root.get("manufacturer", {}).get("name"):
+        out.append("the subject: no authors or manufacturer")
+    return out
+
+
+def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
+    """The image's SBOM (sbom.image_bom, the real code) on an inventory written
+    here, around the package stage's wheel component; and that component's ref."""
+    dist, wheel, sdist, official = _publish_small(tmp_path, read_version())
+    inventory = {
+        "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
+        "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
+        "python": [
+            {"name": "vllm", "version": read_version(), "location": "/usr/lib"},
+            {"name": "Jinja2", "version": "3.1.6", "location": "/usr/lib"},
+        ],
+    }
+    comp = sbom.wheel_component(wheel, get_line(), sdist, official)
+    bom = sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1", "x-1")
+    return json.loads(sbom.dumps(bom)), comp.bom_ref.value
+
+
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
+def test_image_sbom_has_the_minimum_elements(tmp_path: Path):
+    doc, wheel_ref = _image_sbom(tmp_path)
+    assert minimum_elements(doc, {wheel_ref}) == []
+    root = doc["metadata"]["component"]
+    assert root["type"] == "container" and root["supplier"]["name"] == sbom.DISTRIBUTION
+    assert "externalReferences" not in root  # no VEX link: the build writes none
+    (ours,) = [c for c in doc["components"] if c["bom-ref"] == wheel_ref]
+    names = read_series(get_line().series)
+    assert [_defect(p)["description"].split(" ", 1)[0] for p in ours["pedigree"]["patches"]] == (
+        names
+    )
+    (tool,) = [t for t in doc["metadata"]["tools"]["components"] if t["name"] == "vllm-tpfix-tools"]
+    assert tool["version"] == read_version()
+
+
+@pytest.mark.slow  # two package stages (about a second each): not while editing a patch
+def test_sboms_of_two_builds_are_byte_identical(tmp_path: Path):
+    a, wa, _, _ = _publish_small(tmp_path / "a")
+    b, wb, _, _ = _publish_small(tmp_path / "b")
+    assert (a / f"{wa.name}.cdx.json").read_bytes() == (b / f"{wb.name}.cdx.json").read_bytes()
+    assert _image_sbom(tmp_path / "c") == _image_sbom(tmp_path / "d")
+
+
+def test_the_minimum_elements_check_names_what_is_missing():
+    """The checker itself, on an SBOM that has none of them (it can fail)."""
+    bare = {
+        "metadata": {
+            "tools": {"components": [{"name": "x"}]},
+            "component": {"bom-ref": "root", "name": "vllm", "type": "library"},
+        },
+        "components": [{"bom-ref": "dep", "name": "dep", "type": "library"}],
+    }
+    assert minimum_elements(bare, {"root"}) == [
+        "metadata: no author of the SBOM data (authors or manufacturer)",
+        "metadata: no timestamp and no stated absence (tpfix:timestamp)",
+        "tool 'x': no name or version",
+        "component root: no supplier, and none stated unknown",
+        "component root: no version or version range",
+        "component root: no unique identifier (purl)",
+        "component root: a file we ship, without a SHA-256 hash",
+        "component root: a file we ship, without a license",
+        "component dep: no supplier, and none stated unknown",
+        "component dep: no version or version range",
+        "component dep: no unique identifier (purl)",
+        "component dep: no dependency relationship to the subject",
+        "the subject: no supplier",
+        "the subject: no authors or manufacturer",
+    ]
