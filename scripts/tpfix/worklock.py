@@ -3,7 +3,7 @@
 """One build per work folder: an exclusive lock, held for the whole run.
 
 A build owns its work folder (`build/work`: the patched tree, logs) and its
-output folder (`dist/`, with the staging folder next to it) from its first
+output folder (`dist/`, with its hidden staging folder) from its first
 step to its last.  Without a lock, a second `./build.sh` in the same checkout
 removed the first one's tree as "left by a killed run", and the first then
 failed with a misleading "patch does not apply".  So `hold()` takes an
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shlex
 import socket
@@ -41,7 +42,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpfix.common import Fail
+from tpfix.common import ROOT, Fail
 
 
 def _command_line() -> str:
@@ -103,9 +104,15 @@ def hold(lock_file: Path, folder: str, fix: str) -> Iterator[None]:
     `folder` the lock guards, the other build (from the lock file's text) and
     `fix`, what to do instead.
     """
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    # O_RDWR without O_TRUNC: the holder's text must survive our open.
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        # O_RDWR without O_TRUNC: the holder's text must survive our open.
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise Fail(
+            f"{folder}: cannot create its lock file {lock_file} ({e.strerror}); "
+            f"make {lock_file.parent} writable, or {fix}"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,10 +142,21 @@ def workdir_lock(workdir: Path):
     )
 
 
+DIST_LOCKS = ROOT / "build" / "locks"
+
+
+def dist_lock_file(dist: Path) -> Path:
+    """Where the lock of the output folder `dist` lives: under this checkout's
+    build/, named by a hash of dist's real path, so that neither dist (which
+    holds only published files) nor its parent (which may be read-only, or a
+    mount's) has to take it."""
+    key = hashlib.sha256(str(dist.resolve()).encode()).hexdigest()[:16]
+    return DIST_LOCKS / f"dist-{key}.lock"
+
+
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
 ):
-    """The lock of an output folder: beside it, as its staging folder is, since
-    dist/ itself holds only the wheel and SHA256SUMS."""
+    """The lock of an output folder (dist_lock_file)."""
     dist = dist.resolve()
-    return hold(dist.parent / f".{dist.name}.lock", f"dist folder {dist}", fix)
+    return hold(dist_lock_file(dist), f"dist folder {dist}", fix)

@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""What an operator meets: output folders on other mounts, read-only or full
+file systems, a build killed with kill -9, and checking a signed dist/ with
+nothing but what dist/ holds.
+
+The mount tests need root (or CAP_SYS_ADMIN), as this machine and CI have;
+where mounting is refused they are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_bad_input import _run, repo  # noqa: F401  (repo: the fixture)
+from test_index import make_wheel
+from test_release import SIDE, _check_sums
+
+from tpfix import package, pipeline
+from tpfix.common import Fail, get_line
+
+
+def _mount(target: Path, *args: str) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"mounting is not permitted here (mount {' '.join(args)}: {proc.stderr})")
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, *args: str):
+    _mount(target, *args)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def _tmpfs(target: Path, size: str = "64m"):
+    return _mounted(target, "-t", "tmpfs", "-o", f"size={size}", "tmpfs")
+
+
+def _published(dist: Path) -> list[str]:
+    return sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*"))
+
+
+def _stage_and_publish(dist: Path, inputs: Path) -> Path:
+    """The pipeline's staging and publish steps, on a tiny wheel."""
+    pipeline.writable_folder(dist, "dist folder", "give another")
+    with pipeline.staged(dist) as staging:
+        wheel = make_wheel(staging, "0.27.1+tpfix.3")
+        sd, off = inputs / "sdist.tar.gz", inputs / "official.whl"
+        extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+        return package.publish(wheel, dist, extras)
+
+
+@pytest.mark.slow  # a package stage (about a second)
+@pytest.mark.parametrize("kind", ["tmpfs", "bind"])
+def test_publish_into_a_mount_point(tmp_path: Path, kind: str):
+    """dist/ is a mount point (a container volume, NFS, another disk):
+    rename from beside it would fail with EXDEV; staging inside it does not."""
+    for name in ("sdist.tar.gz", "official.whl"):
+        (tmp_path / name).write_bytes(b"stand-in")
+    dist = tmp_path / "dist"
+    if kind == "tmpfs":
+        cm = _tmpfs(dist)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        cm = _mounted(dist, "--bind", str(tmp_path / "elsewhere"))
+    with cm:
+        assert pipeline.mount_point(dist) == dist  # the bind mount too
+        if kind == "tmpfs":  # another file system, not only another mount
+            assert os.stat(dist).st_dev != os.stat(tmp_path).st_dev
+        # the cross-device case is real: a rename from dist's parent is refused
+        (tmp_path / "beside").write_text("x")
+        with pytest.raises(OSError) as e:
+            os.replace(tmp_path / "beside", dist / "beside")
+        assert e.value.errno == errno.EXDEV
+        wheel = _stage_and_publish(dist, tmp_path)
+        expected = sorted(
+            [wheel.name, *(wheel.name + s for s in SIDE), "SHA256SUMS"]
+            + ["simple", "simple/index.html", "simple/vllm", "simple/vllm/index.html"]
+        )
+        assert _published(dist) == expected  # no staging folder, nothing hidden
+        _check_sums(dist)
+        if kind == "bind":
+            assert (tmp_path / "elsewhere" / wheel.name).exists()
+
+
+def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
+    dist = tmp_path / "dist"
+    (dist / ".staging-4242-abc").mkdir(parents=True)
+    (dist / ".staging-4242-abc" / "part.whl").write_bytes(b"half")
+    (dist / "keep.txt").write_text("not ours to remove")
+    pipeline.clear_staging(dist)
+    assert sorted(p.name for p in dist.iterdir()) == ["keep.txt"]
+
+
+def _only_error_line(err: str) -> str:
+    assert "Traceback" not in err and "==> fetch" not in err, err
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert line.startswith("error: "), err
+    return line
+
+
+def test_read_only_dist_or_parent_is_refused_before_any_download(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    ro = tmp_path / "ro"
+    (tmp_path / "src" / "dist").mkdir(parents=True)
+    with _mounted(ro, "--bind", str(tmp_path / "src")):
+        _mount(ro, "-o", "remount,ro,bind")
+        with pytest.raises(OSError):
+            (ro / "probe").write_text("a read-only mount")
+        for dist, cause in ((ro / "dist", ""), (ro / "new" / "dist", f": {ro / 'new'}")):
+            proc = _run(
+                repo,
+                "-m",
+                "tpfix.pipeline",
+                "--dist",
+                str(dist),
+                "--workdir",
+                str(tmp_path / "work"),
+                env={"PIP_NO_INDEX": "1"},
+                cache=tmp_path / "cache",
+            )
+            assert proc.returncode == 2, proc.stderr
+            line = _only_error_line(proc.stderr)
+            assert f"dist folder {dist} is not writable (Read-only file system{cause});" in line
+            assert "./build.sh --dist DIR" in line
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.whl"))
+
+
+def test_too_little_space_is_refused_before_any_download(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    with _tmpfs(tmp_path / "small", "8m") as small:
+        dist = small / "dist"
+        proc = _run(
+            repo,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(dist),
+            "--workdir",
+            str(tmp_path / "work"),
+            env={"PIP_NO_INDEX": "1"},
+            cache=tmp_path / "cache",
+        )
+        assert proc.returncode == 2, proc.stderr
+        line = _only_error_line(proc.stderr)
+        assert "not enough free space" in line
+        need = f"{pipeline.DIST_SPACE / 10**9:.2f} GB"
+        assert f"dist folder {dist}: a build needs {need} on the file system at {small}" in line
+        assert "0.01 GB free" in line
+        assert f"{pipeline.SPACE_CHECK_ENV}=0" in line
+        assert str(tmp_path / "work") not in line  # that one has room
+        # the operator's override: past the check, to the first download
+        proc = _run(
+            repo,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(dist),
+            "--workdir",
+            str(tmp_path / "work"),
+            env={"PIP_NO_INDEX": "1", pipeline.SPACE_CHECK_ENV: "0"},
+            cache=tmp_path / "cache",
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "not enough free space" not in proc.stderr
+        assert "vllm==0.27.1 is not available" in proc.stderr
+        assert os.listdir(dist) == []  # its staging folder is gone again
+
+
+def _fill(path: Path) -> None:
+    with open(path, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+            f.flush()
+
+
+@pytest.mark.slow  # a package stage (about a second)
+def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: Path):
+    for name in ("sdist.tar.gz", "official.whl"):
+        (tmp_path / name).write_bytes(b"stand-in")
+    work = tmp_path / "work"
+    work.mkdir()
+    with _tmpfs(tmp_path / "dist", "4m") as dist:
+        with (
+            pytest.raises(Fail) as e,
+            pipeline.space_errors(work, dist),
+            pipeline.staged(dist) as staging,
+        ):
+            wheel = make_wheel(staging, "0.27.1+tpfix.3")
+            sd, off = tmp_path / "sdist.tar.gz", tmp_path / "official.whl"
+            extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+            _fill(dist / "filler")  # the disk fills up meanwhile
+            package.publish(wheel, dist, extras)
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert msg.startswith("no space left on device")
+        assert f"dist folder {dist}: a build needs" in msg and f"file system at {dist}" in msg
+        assert f"work folder {work}: a build needs" in msg
+        assert not list(dist.glob(".staging-*"))
+
+
+# A stand-in for upstream's setup.py: says it runs, then keeps running.
+_SETUP_PY = """
+import os, time
+open("child.pid", "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+_BUILD_STAGE = """
+import sys
+from pathlib import Path
+from tpfix.build import build_wheel
+tree, out = Path(sys.argv[1]), Path(sys.argv[2])
+official = out / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+build_wheel(tree, "0.27.1+tpfix.3", official, "x86_64", out, "1", out / "log", "12.9")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie is dead, only not yet reaped
+
+
+def test_kill_9_of_a_build_leaves_no_setup_py_behind(tmp_path: Path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    tree.mkdir()
+    out.mkdir()
+    (tree / "setup.py").write_text(_SETUP_PY)
+    stage = subprocess.Popen([sys.executable, "-c", _BUILD_STAGE, str(tree), str(out)])
+    pid_file = tree / "child.pid"
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert stage.poll() is None and time.monotonic() < deadline, "setup.py never started"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    try:
+        stage.send_signal(signal.SIGKILL)
+        stage.wait()
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), f"setup.py (pid {child}) outlived the killed build"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
