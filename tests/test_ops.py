@@ -10,19 +10,23 @@ where mounting is refused they are skipped, saying so.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
 import pytest
 from test_bad_input import _run, repo  # noqa: F401  (repo: the fixture)
 from test_index import make_wheel
-from test_release import SIDE, _check_sums
+from test_release import SIDE, _check_sums, _keypair, _publish_small
 
 from tpfix import package, pipeline
 from tpfix.common import Fail, get_line
@@ -257,3 +261,106 @@ def test_kill_9_of_a_build_leaves_no_setup_py_behind(tmp_path: Path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+# --- checking dist/ with dist/ alone ----------------------------------------------
+
+
+def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
+    priv, pub = _keypair(tmp_path)
+    from tpfix import attest
+
+    stmt = tmp_path / "x.provenance.json"
+    subject = [{"name": "x.whl", "digest": {"sha256": "0" * 64}}]
+    doc = {"_type": attest.STATEMENT_TYPE, "predicateType": attest.PREDICATE_TYPE}
+    stmt.write_text(json.dumps({**doc, "subject": subject, "predicate": {"buildDefinition": {}}}))
+    env = tmp_path / "x.intoto.jsonl"
+    env.write_text(attest.sign(stmt.read_bytes(), attest.load_signer(priv)))
+    cmd = [sys.executable, "-m", "tpfix.attest", "verify", str(env), "--key", str(pub)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "signature OK" not in proc.stdout
+    assert "give --artifact FILE" in proc.stderr and "--signature-only" in proc.stderr
+    proc = subprocess.run([*cmd, "--signature-only"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "signature OK (signature only: no artifact checked)" in proc.stdout
+
+
+def _clean_python(tmp_path: Path) -> Path:
+    """A fresh venv that sees `cryptography` (from this one's site-packages,
+    added as a plain path: no .pth of it runs, so no editable tpfix) and
+    nothing of this repository."""
+    env = tmp_path / "clean-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    py = env / "bin" / "python"
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run(
+        [py, "-I", "-c", "import cryptography, importlib.util as u; print(u.find_spec('tpfix'))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
+    return py
+
+
+@pytest.mark.slow  # a package stage (about a second) and a venv
+def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: Path):
+    priv, pub = _keypair(tmp_path)
+    dist, wheel, _, _ = _publish_small(tmp_path, key=priv)
+    verify_py = dist / "verify.py"
+    assert "verify.py" in (dist / "SHA256SUMS").read_text()
+    env = dist / f"{wheel.name}.intoto.jsonl"
+    got = tmp_path / "received"  # what someone gets: dist/ alone
+    shutil.copytree(dist, got)
+    py = _clean_python(tmp_path)
+
+    def check(envelope: Path, artifact: Path, key: Path = pub):
+        return subprocess.run(
+            [py, "-I", str(got / "verify.py"), str(envelope), "--key", str(key)]
+            + ["--artifact", str(artifact)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+
+    genv, gwheel = got / env.name, got / wheel.name
+    proc = check(genv, gwheel)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"OK: {gwheel} is the signed subject of {genv}")
+    # a changed wheel
+    tampered = tmp_path / wheel.name
+    data = bytearray(gwheel.read_bytes())
+    data[len(data) // 2] ^= 1
+    tampered.write_bytes(bytes(data))
+    proc = check(genv, tampered)
+    assert proc.returncode == 1 and "is not the subject of" in proc.stderr, proc.stderr
+    # a changed statement inside the envelope (the signature no longer covers it)
+    doc = json.loads(genv.read_text())
+    stmt = json.loads(base64.b64decode(doc["payload"]))
+    stmt["subject"][0]["digest"]["sha256"] = "0" * 64
+    doc["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
+    forged = tmp_path / "forged.intoto.jsonl"
+    forged.write_text(json.dumps(doc))
+    proc = check(forged, gwheel)
+    assert proc.returncode == 1 and "no signature verifies" in proc.stderr, proc.stderr
+    # another key
+    (tmp_path / "other").mkdir()
+    _, other = _keypair(tmp_path / "other")
+    proc = check(genv, gwheel, other)
+    assert proc.returncode == 1 and "no signature verifies" in proc.stderr, proc.stderr
+    assert verify_py.read_bytes() == (
+        Path(pipeline.__file__).with_name("dist_verify.py").read_bytes()
+    )
+
+
+@pytest.mark.slow  # a package stage (about a second)
+def test_an_unsigned_dist_ships_no_verify_py(tmp_path: Path):
+    dist, _, _, _ = _publish_small(tmp_path)
+    assert not (dist / "verify.py").exists()
