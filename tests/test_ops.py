@@ -213,6 +213,34 @@ def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: P
         assert not list(dist.glob(".staging-*"))
 
 
+@pytest.mark.slow  # downloads (the pinned sdist and wheel), patches and starts setup.py
+def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    """Past the up-front check (skipped), the tree and setup.py's output fill
+    a small work file system: one `error:` line, no setuptools text."""
+    with _tmpfs(tmp_path / "small", "200m") as small:
+        work = small / "work"
+        proc = _run(
+            repo,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(tmp_path / "dist"),
+            "--workdir",
+            str(work),
+            env={pipeline.SPACE_CHECK_ENV: "0"},
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "==> patch" in proc.stderr  # it got as far as writing the tree
+        errors = [ln for ln in proc.stderr.splitlines() if not ln.startswith(("==> ", "fetch: "))]
+        assert len(errors) == 1 and errors[0].startswith("error: no space left on device"), errors
+        assert (
+            f"work folder {work}: a build needs 3.00 GB on the file system at {small}"
+            in (errors[0])
+        )
+        assert not list(work.glob("tree.*"))
+        assert os.listdir(tmp_path / "dist") == []
+
+
 # A stand-in for upstream's setup.py: says it runs, then keeps running.
 _SETUP_PY = """
 import os, time
@@ -266,6 +294,7 @@ def test_kill_9_of_a_build_leaves_no_setup_py_behind(tmp_path: Path):
 # --- checking dist/ with dist/ alone ----------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess for the release artifacts
 def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
     priv, pub = _keypair(tmp_path)
     from tpfix import attest
