@@ -108,6 +108,38 @@ def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
     assert sorted(p.name for p in dist.iterdir()) == ["keep.txt"]
 
 
+# A build from another checkout (or an older tpfix): its lock file is not in
+# this checkout's build/locks, but it holds the dist folder itself.
+_OTHER_CHECKOUT = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.mkdir(os.path.join(sys.argv[1], ".staging-1-other"))
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_build_from_another_checkout_into_the_same_dist_is_refused(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_CHECKOUT, str(dist)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout.readline() == "locked\n"
+        proc = _run(
+            repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(tmp_path / "w")
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"error: dist folder {dist} is in use by another build" in proc.stderr
+        assert "./build.sh --dist DIR" in proc.stderr and "Traceback" not in proc.stderr
+        assert (dist / ".staging-1-other").is_dir()  # its staging folder is left alone
+    finally:
+        other.kill()
+        other.wait()
+
+
 def _only_error_line(err: str) -> str:
     assert "Traceback" not in err and "==> fetch" not in err, err
     (line,) = [ln for ln in err.splitlines() if ln.strip()]

@@ -21,8 +21,9 @@ later still ends in one `error:` line naming the file system.
 
 One build per folder: a run holds an exclusive lock on its work folder
 (`<workdir>/.lock`) and on its dist folder (build/locks/dist-<hash>.lock,
-keyed by its path, so that dist's parent may be read-only) from start to
-end, image stage included.  A second build on either stops at once, naming
+keyed by its path, so that dist's parent may be read-only, and a flock on
+the folder itself for builds of other checkouts) from start to end, image
+stage included.  A second build on either stops at once, naming
 the first (pid, start time, command line); it does not wait (why:
 tpfix/worklock.py).  What a killed run left behind (`<workdir>/tree.*`,
 `dist/.staging-*`) is removed only while holding both.  The commands a build

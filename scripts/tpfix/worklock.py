@@ -9,6 +9,11 @@ removed the first one's tree as "left by a killed run", and the first then
 failed with a misleading "patch does not apply".  So `hold()` takes an
 exclusive `fcntl.flock` on a lock file in the folder and keeps it until the
 run ends; clean-up of what a killed run left happens only while holding it.
+The output folder's lock file lives under this checkout's build/locks/
+(dist_lock_file: dist/ holds published files only, its parent may be
+read-only); the folder itself is flocked too, so that a build from another
+checkout into the same dist/ is refused as well (where the file system
+allows flock on a folder; NFS does not, and there only the lock file counts).
 
 **Stop, don't wait.**  A second build on a folder in use stops at once with
 the other build's pid, host, start time and command line, and what to do.
@@ -154,9 +159,41 @@ def dist_lock_file(dist: Path) -> Path:
     return DIST_LOCKS / f"dist-{key}.lock"
 
 
+@contextlib.contextmanager
+def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
+    """An exclusive flock on `folder` itself (created if it can be), for the
+    block; none where the folder cannot be opened (the build's own check then
+    names it) or the file system has no flock on folders (NFS)."""
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Fail(
+                f"{what} is in use by another build, one whose lock file is not in "
+                f"this checkout's {DIST_LOCKS} (another checkout's build, or an older "
+                f"tpfix). Only one build at a time may use a folder. Wait until that "
+                f"build has finished, or {fix}."
+            ) from None
+        except OSError:
+            pass  # no flock on folders here: the lock file alone guards it
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
-):
-    """The lock of an output folder (dist_lock_file)."""
+) -> Iterator[None]:
+    """The lock of an output folder: its lock file (dist_lock_file), then the folder."""
     dist = dist.resolve()
-    return hold(dist_lock_file(dist), f"dist folder {dist}", fix)
+    what = f"dist folder {dist}"
+    with hold(dist_lock_file(dist), what, fix), hold_folder(dist, what, fix):
+        yield
