@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -97,7 +98,7 @@ def mounts() -> list[Path]:
         return []
     # field 5, with space, tab, newline and backslash written as octal escapes
     raw = (ln.split()[4] for ln in text.splitlines() if len(ln.split()) > 4)
-    return [Path(m.encode().decode("unicode_escape")) for m in raw]
+    return [Path(re.sub(r"\\([0-7]{3})", lambda e: chr(int(e[1], 8)), p)) for p in raw]
 
 
 def mount_point(path: Path) -> Path:
@@ -256,7 +257,17 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
         return _build(arch, dist, workdir, line, signer, staging, version, names)
 
 
-def _build(arch, dist, workdir, line, signer, staging, version, names) -> Path:
+def _build(
+    arch: str,
+    dist: Path,
+    workdir: Path,
+    line: Line,
+    signer,
+    staging: Path,
+    version: str,
+    names: list[str],
+) -> Path:
+    """Fetch, patch, build, verify and package into `staging`, then publish."""
     tag = line.tag
     _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
     sdist = fetch_sdist(tag)
