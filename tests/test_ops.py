@@ -425,3 +425,51 @@ def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: P
 def test_an_unsigned_dist_ships_no_verify_py(tmp_path: Path):
     dist, _, _, _ = _publish_small(tmp_path)
     assert not (dist / "verify.py").exists()
+
+
+@pytest.mark.slow  # a subprocess for the release artifacts
+@pytest.mark.parametrize("kind", ["ecdsa-p256", "ecdsa-p384", "rsa"])
+def test_verify_py_takes_every_key_type_attest_signs_with(tmp_path: Path, kind: str):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    from tpfix import attest
+
+    key = {
+        "ecdsa-p256": lambda: ec.generate_private_key(ec.SECP256R1()),
+        "ecdsa-p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+        "rsa": lambda: rsa.generate_private_key(65537, 3072),
+    }[kind]()
+    priv, pub = tmp_path / "key.pem", tmp_path / "key.pub.pem"
+    priv.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    wheel = tmp_path / "x.whl"
+    wheel.write_bytes(b"a wheel")
+    subject = [{"name": wheel.name, "digest": {"sha256": _sha256(wheel)}}]
+    doc = {"_type": attest.STATEMENT_TYPE, "predicateType": attest.PREDICATE_TYPE}
+    payload = json.dumps({**doc, "subject": subject, "predicate": {}}).encode()
+    env = tmp_path / "x.intoto.jsonl"
+    env.write_text(attest.sign(payload, attest.load_signer(priv)))
+    script = Path(pipeline.__file__).with_name("dist_verify.py")
+    cmd = [sys.executable, "-I", str(script), str(env), "--key", str(pub), "--artifact"]
+    proc = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "y.whl").write_bytes(b"another wheel")
+    proc = subprocess.run([*cmd, str(tmp_path / "y.whl")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "is not the subject of" in proc.stderr, proc.stderr
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
