@@ -273,6 +273,27 @@ def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path
         assert os.listdir(tmp_path / "dist") == []
 
 
+@pytest.mark.slow  # downloads the pinned sdist (pip)
+def test_a_full_download_cache_is_one_error_line_naming_it(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    with _tmpfs(tmp_path / "cache", "20m") as cache:  # the sdist alone is 39 MB
+        proc = _run(
+            repo,
+            "-m",
+            "tpfix.pipeline",
+            "--dist",
+            str(tmp_path / "dist"),
+            "--workdir",
+            str(tmp_path / "work"),
+            cache=cache,
+        )
+        assert proc.returncode == 2, proc.stderr
+        errors = [ln for ln in proc.stderr.splitlines() if not ln.startswith(("==> ", "fetch: "))]
+        assert len(errors) == 1 and errors[0].startswith("error: no space left on device"), errors
+        assert f"(its file system at {cache}: " in errors[0]
+        assert "set VLLM_DIST_CACHE to a download cache on another file system" in errors[0]
+        assert not list((cache / "sha256").glob("*/*"))
+
+
 # A stand-in for upstream's setup.py: says it runs, then keeps running.
 _SETUP_PY = """
 import os, time

@@ -78,7 +78,7 @@ def build_wheel(
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0 and "No space left on device" in proc.stdout + proc.stderr:
             # A full disk, not a build error: the pipeline names the file system.
-            raise OSError(errno.ENOSPC, "No space left", f"the wheel with setup.py (log: {log})")
+            raise OSError(errno.ENOSPC, "No space left on device", str(tree))
         if proc.returncode != 0:
             tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             raise Fail(f"setup.py bdist_wheel failed (full log: {log}):\n  {tail}")

@@ -166,11 +166,23 @@ def space_errors(workdir: Path, dist: Path):
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        where = f" writing {e.filename}" if e.filename else ""
+        needs = space_needs(workdir, dist)
+        where = other = ""
+        if e.filename:
+            where = f" writing {e.filename}"
+            folder = Path(e.filename)
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            if folder.is_absolute() and mount_point(folder) not in (n[0] for n in needs):
+                st = os.statvfs(folder)  # neither work's nor dist's: the download cache
+                other = f" (its file system at {mount_point(folder)}: "
+                other += f"{_gb(st.f_bavail * st.f_frsize)} free)"
+        fix = "use --workdir/--dist on another file system"
+        if other:
+            fix = "set VLLM_DIST_CACHE to a download cache on another file system"
         raise Fail(
-            f"no space left on device{where}: {_space_text(space_needs(workdir, dist))} "
-            "(after this build's files were removed); free some, or use --workdir/--dist "
-            "on another file system"
+            f"no space left on device{where}{other}: {_space_text(needs)} "
+            f"(after this build's files were removed); free some, or {fix}"
         ) from None
 
 
