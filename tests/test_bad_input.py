@@ -235,7 +235,7 @@ def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     rest = proc.stderr.read()
     assert rc != 0, "".join(seen) + rest
     assert {p.name: p.read_bytes() for p in dist.iterdir()} == before
-    assert not list(tmp_path.glob(".dist-staging.*"))
+    assert not list(dist.glob(".staging-*"))
     assert not list((tmp_path / "work").glob("tree.*"))
 
 
@@ -249,7 +249,7 @@ work, dist = Path(sys.argv[1]), Path(sys.argv[2])
 with build_locks(work, dist):
     (work / "tree.first" / "vllm").mkdir(parents=True)
     (work / "tree.first" / "vllm" / "setup.py").write_text("the first build's tree")
-    (dist.parent / ".dist-staging.first").mkdir()
+    (dist / ".staging-first").mkdir(parents=True)
     print("locked", flush=True)
     time.sleep(300)
 """
@@ -296,7 +296,7 @@ def test_second_build_in_the_same_folders_stops_naming_the_first(repo: Path, tmp
         # The first build's tree and staging folder are untouched.
         tree = work / "tree.first" / "vllm" / "setup.py"
         assert tree.read_text() == "the first build's tree"
-        assert (tmp_path / ".dist-staging.first").is_dir()
+        assert (dist / ".staging-first").is_dir()
         assert first.poll() is None
     finally:
         first.kill()
@@ -327,5 +327,5 @@ def test_lock_of_a_killed_build_does_not_block(repo: Path, tmp_path: Path):
     assert "vllm-0.27.1.tar.gz: vllm==0.27.1 is not available" in proc.stderr
     # What the killed build left is gone, removed under the lock; nothing else is left.
     assert not list(work.glob("tree.*"))
-    assert not list(tmp_path.glob(".dist-staging.*"))
+    assert not list(dist.glob(".staging-*"))
     assert (work / ".lock").read_text() == ""

@@ -22,7 +22,12 @@ RSA) and writes `<artifact>.intoto.jsonl`; keyless signing needs an OIDC
 identity and a transparency log, neither reachable from this build.
 
     python -m tpfix.attest sign STATEMENT --key PRIVATE.pem   # -> STATEMENT's .intoto.jsonl
-    python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem [--artifact FILE]
+    python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem --artifact FILE
+    python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem --signature-only
+
+verify exits 0 only once the artifact is checked too, or with --signature-only
+(which says so on stdout).  Without this repository: dist/verify.py (the
+same check, Python + cryptography only; tpfix/dist_verify.py).
 """
 
 from __future__ import annotations
@@ -254,8 +259,20 @@ def main() -> None:
     v = sub.add_parser("verify", help="verify a signed statement")
     v.add_argument("envelope", type=Path)
     v.add_argument("--key", type=Path, required=True, help="PEM public key")
-    v.add_argument("--artifact", type=Path, help="also check that this file is the subject")
+    v.add_argument("--artifact", type=Path, help="the file that must be the statement's subject")
+    v.add_argument(
+        "--signature-only",
+        action="store_true",
+        help="check the signature alone, not that an artifact is its subject",
+    )
     args = ap.parse_args()
+    if args.cmd == "verify" and (args.artifact is None) == (not args.signature_only):
+        raise Fail(
+            f"{args.envelope}: give --artifact FILE (the file the provenance is about), "
+            "or --signature-only to check the signature alone"
+            if args.artifact is None
+            else "--artifact and --signature-only exclude each other: give one"
+        )
     if args.cmd == "sign":
         out = args.statement.with_name(signed_name(args.statement.name))
         write_atomic(out, sign(args.statement.read_bytes(), load_signer(args.key)))
@@ -263,9 +280,10 @@ def main() -> None:
     else:
         stmt = verify(args.envelope, args.key, args.artifact)
         subj = ", ".join(f"{s['name']} sha256:{s['digest']['sha256']}" for s in stmt["subject"])
-        print(f"{args.envelope}: signature OK; subject {subj}")
         if args.artifact is None:
-            print("  (the artifact itself was not checked: give --artifact FILE)", file=sys.stderr)
+            print(f"{args.envelope}: signature OK (signature only: no artifact checked); {subj}")
+        else:
+            print(f"{args.envelope}: signature OK; {args.artifact} is its subject {subj}")
         deps = stmt["predicate"]["buildDefinition"].get("resolvedDependencies", [])
         for d in deps:
             print(f"  built from {d.get('name')} sha256:{d['digest'].get('sha256')}")

@@ -20,6 +20,7 @@ file against the official wheel.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import tarfile
@@ -75,6 +76,9 @@ def build_wheel(
         proc = run([sys.executable, "-c", _SETUP, f"linux_{arch}", tmp, cuda], cwd=tree, env=env)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 and "No space left on device" in proc.stdout + proc.stderr:
+            # A full disk, not a build error: the pipeline names the file system.
+            raise OSError(errno.ENOSPC, "No space left on device", str(tree))
         if proc.returncode != 0:
             tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             raise Fail(f"setup.py bdist_wheel failed (full log: {log}):\n  {tail}")

@@ -297,8 +297,37 @@ def wheel_message(wheel: Path):
     return Parser().parsestr(wheel_metadata(wheel).decode("utf-8"))
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with(parent: int) -> None:
+    """In the child, before exec: the kernel kills it (SIGKILL) when the
+    thread that started it dies, `kill -9` included, so that no setup.py,
+    pip or quilt keeps writing into a tree nobody owns any more."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def child_options() -> dict:
+    """The subprocess keyword arguments that tie a child's life to this process
+    (Linux; elsewhere none).  Every stage starts its commands with them,
+    through run() or subprocess.run(cmd, **child_options()).
+
+    PR_SET_PDEATHSIG covers the child itself, not what it starts in turn; a
+    child that has to outlive a call is not started with these."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    import functools
+
+    return {"preexec_fn": functools.partial(_die_with, os.getpid())}
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, text=True, capture_output=True, **kw)
+    return subprocess.run(cmd, text=True, capture_output=True, **child_options(), **kw)
 
 
 def git(*args: str) -> str:

@@ -15,6 +15,7 @@ download never becomes a cache entry.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -123,6 +124,9 @@ def _fetch(art: Artifact, pinfile: Path | None) -> Path:
         out = Path(tmp) / "out"
         print(f"fetch: {art.filename} (pip download)", file=sys.stderr)
         proc = _pip_download(art, ["--require-hashes", "-r", str(req)], out)
+        if proc.returncode != 0 and "No space left on device" in proc.stdout + proc.stderr:
+            # A full disk, not a download error: the pipeline names the file system.
+            raise OSError(errno.ENOSPC, "No space left on device", tmp)
         if proc.returncode != 0:
             raise Fail(_explain_pip_failure(art, proc.stdout + proc.stderr))
         got = out / art.filename

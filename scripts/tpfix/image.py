@@ -288,7 +288,7 @@ def _error_of(out: str) -> str:
 
 def run_build(eng: Engine, cmd: list[str], log: Path | None = None) -> str:
     env = dict(os.environ, DOCKER_BUILDKIT="1")  # RUN --mount needs BuildKit
-    proc = subprocess.run(cmd, text=True, capture_output=True, env=env)
+    proc = run(cmd, env=env)
     out = proc.stdout + proc.stderr
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)

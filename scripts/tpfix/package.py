@@ -6,12 +6,15 @@ Beside the wheel, in the staging folder first (`describe`):
   <wheel>.cdx.json          CycloneDX SBOM (tpfix.sbom), schema-checked
   <wheel>.provenance.json   in-toto statement, SLSA v1 provenance (tpfix.attest)
   <wheel>.intoto.jsonl      the statement signed (DSSE), with --sign-key only
+  verify.py                 checks it: python3 verify.py ENVELOPE --key PUB --artifact FILE
+                            (Python + cryptography only; tpfix/dist_verify.py), signed only
   <wheel>.metadata          the wheel's METADATA (PEP 658), for the index
   simple/                   a static PEP 503 index of dist/ (tpfix.index)
   SHA256SUMS                every file above, in `sha256sum -c` form
 
-`publish` moves the wheel, then each of them into dist/ (os.replace, atomic
-on one file system; simple/ by renaming the folder), then writes SHA256SUMS
+`publish` moves the wheel, then each of them into dist/ (os.replace, atomic:
+the staging folder is inside dist/, on its file system; simple/ by renaming
+the folder), then writes SHA256SUMS
 (atomically too), then removes what the old SHA256SUMS listed and the new
 one does not (an older wheel's files, the image files of an older wheel)
 and any other vllm-* file.  So every file in dist/ is always whole, old
@@ -31,6 +34,7 @@ from pathlib import Path
 from tpfix.common import Fail, Line, read_version, sha256_file, write_atomic
 
 SUMS = "SHA256SUMS"
+VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance
 
 
 def describe(
@@ -75,6 +79,9 @@ def describe(
             attest.signed_name(f"{wheel.name}.provenance.json"),
             attest.sign(stmt.encode(), signer),
         )
+        # Whoever receives dist/ alone can check the envelope without this repository.
+        shutil.copyfile(Path(__file__).with_name("dist_verify.py"), staging / VERIFY)
+        out.append(Path(VERIFY))
     out += index.write_index(staging, [wheel])
     return out
 

@@ -8,21 +8,36 @@
     ./build.sh --line v0.33.0       # another release line (lines/v0.33.0/) into dist/v0.33.0/
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
 
-Work happens under build/ (a fresh patched tree per run, logs) and a staging
-folder next to dist/; dist/ only ever receives a verified wheel.
+Work happens under build/ (a fresh patched tree per run, logs) and in a
+hidden staging folder inside dist/ (`dist/.staging-<pid>-*`): on dist's own
+file system, so that publishing is a rename there, whatever dist is (a mount
+point, NFS, a container volume).  dist/ only ever receives a verified wheel;
+when the build ends, dist/ holds the published files only.
+
+Before any download the build checks that it can write its work and dist
+folders and that their file systems have the room a build needs
+(WORK_SPACE, DIST_SPACE; TPFIX_SPACE_CHECK=0 skips the check); a full disk
+later still ends in one `error:` line naming the file system.
 
 One build per folder: a run holds an exclusive lock on its work folder
-(`<workdir>/.lock`) and on its dist folder (`.<dist>.lock` beside it, as the
-staging folder is) from start to end, image stage included.  A second build
-on either stops at once, naming the first (pid, start time, command line);
-it does not wait (why: tpfix/worklock.py).  What a killed run left behind
-(`<workdir>/tree.*`, `.<dist>-staging.*`) is removed only while holding both.
+(`<workdir>/.lock`) and on its dist folder (build/locks/dist-<hash>.lock,
+keyed by its path, so that dist's parent may be read-only, and a flock on
+the folder itself for builds of other checkouts) from start to end, image
+stage included.  A second build on either stops at once, naming
+the first (pid, start time, command line); it does not wait (why:
+tpfix/worklock.py).  What a killed run left behind (`<workdir>/tree.*`,
+`dist/.staging-*`) is removed only while holding both.  The commands a build
+runs (setup.py, pip, quilt, ...) die with it, `kill -9` included
+(common.child_options).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -55,10 +70,153 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def _staging_prefix(dist: Path) -> str:
-    # Named after its dist folder, so that a build into a sibling folder
-    # (--dist elsewhere in the same parent) never removes this one's.
-    return f".{dist.name}-staging."
+STAGING = ".staging-"  # dist/.staging-<pid>-*: hidden, on dist's file system
+
+# What a build writes, measured: ./build.sh into an empty --workdir/--dist
+# with the downloads cached, `du -sb` of both every second (2026-12-02):
+#   v0.27.1 x86_64: work folder peak 2.33 GB (the patched tree, about 0.8 GB,
+#     and setup.py's build/ with the official binaries, 1.4 GB), dist 0.31 GB
+#     (the wheel 313 MB; SBOM, provenance, index ~0.1 MB), staging included;
+#   v0.33.0 x86_64: work folder peak 2.61 GB, dist 0.34 GB.
+# Needed free: the larger peak plus about 15% (a build's files grow with the
+# release); dist needs the new wheel's room while the old one is still there.
+WORK_SPACE = 3 * 10**9
+DIST_SPACE = 5 * 10**8
+SPACE_CHECK_ENV = "TPFIX_SPACE_CHECK"  # 0: build without checking free space first
+
+
+def _legacy_staging(dist: Path) -> list[Path]:
+    # Where builds before dist/.staging-* staged (beside dist), left by a kill.
+    return list(dist.parent.glob(f".{dist.name}-staging.*"))
+
+
+def mounts() -> list[Path]:
+    """This process's mount points (Linux: /proc/self/mountinfo; else none)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    # field 5, with space, tab, newline and backslash written as octal escapes
+    raw = (ln.split()[4] for ln in text.splitlines() if len(ln.split()) > 4)
+    return [Path(re.sub(r"\\([0-7]{3})", lambda e: chr(int(e[1], 8)), p)) for p in raw]
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point that holds `path` (which exists), bind mounts included."""
+    path = path.resolve()
+    inside = [m for m in mounts() if path == m or m in path.parents]
+    if inside:
+        return max(inside, key=lambda m: len(m.parts))
+    dev = path.stat().st_dev
+    while not os.path.ismount(path) and path.parent.stat().st_dev == dev:
+        path = path.parent
+    return path
+
+
+def _gb(n: int) -> str:
+    return f"{n / 10**9:.2f} GB"
+
+
+def space_needs(workdir: Path, dist: Path) -> list[tuple[Path, int, int, str]]:
+    """(mount point, free bytes, bytes a build needs, which folders) for each
+    file system the build writes to (one, when both folders share it)."""
+    out: dict[int, list] = {}
+    for folder, need, what in ((workdir, WORK_SPACE, "work"), (dist, DIST_SPACE, "dist")):
+        dev = folder.stat().st_dev
+        if dev in out:
+            out[dev][2] += need
+            out[dev][3] += f" and {what} folder {folder}"
+        else:
+            st = os.statvfs(folder)
+            out[dev] = [
+                mount_point(folder),
+                st.f_bavail * st.f_frsize,
+                need,
+                f"{what} folder {folder}",
+            ]
+    return [tuple(v) for v in out.values()]
+
+
+def _space_text(needs) -> str:
+    return "; ".join(
+        f"{what}: a build needs {_gb(need)} on the file system at {mp}, {_gb(free)} free"
+        for mp, free, need, what in needs
+    )
+
+
+def check_space(workdir: Path, dist: Path) -> None:
+    """Stop before any download unless each file system has the room a build needs."""
+    if os.environ.get(SPACE_CHECK_ENV, "1") == "0":
+        return
+    needs = space_needs(workdir, dist)
+    short = [n for n in needs if n[1] < n[2]]
+    if short:
+        raise Fail(
+            f"not enough free space: {_space_text(short)}; free some, or use --workdir/--dist "
+            f"on another file system (or {SPACE_CHECK_ENV}=0 to build anyway)"
+        )
+
+
+@contextlib.contextmanager
+def space_errors(workdir: Path, dist: Path):
+    """A full disk anywhere in the block (ENOSPC, or setup.py saying so) ends
+    in one Fail naming the file systems and the space a build needs."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        needs = space_needs(workdir, dist)
+        where = other = ""
+        if e.filename:
+            where = f" writing {e.filename}"
+            folder = Path(e.filename)
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            if folder.is_absolute() and mount_point(folder) not in (n[0] for n in needs):
+                st = os.statvfs(folder)  # neither work's nor dist's: the download cache
+                other = f" (its file system at {mount_point(folder)}: "
+                other += f"{_gb(st.f_bavail * st.f_frsize)} free)"
+        fix = "use --workdir/--dist on another file system"
+        if other:
+            fix = "set VLLM_DIST_CACHE to a download cache on another file system"
+        raise Fail(
+            f"no space left on device{where}{other}: {_space_text(needs)} "
+            f"(after this build's files were removed); free some, or {fix}"
+        ) from None
+
+
+def writable_folder(folder: Path, what: str, fix: str) -> None:
+    """Create `folder` (and its parents) and check it takes files: Fail with
+    one line naming it and `fix` where not (read-only mount, permissions)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        where = Path(e.filename) if e.filename else folder
+        where = folder if folder in (where, where.parent) else where  # else: a parent
+        detail = e.strerror if where == folder else f"{e.strerror}: {where}"
+        raise Fail(
+            f"{what} {folder} is not writable ({detail}); make it writable "
+            f"(a read-write mount, its owner or mode), or {fix}"
+        ) from None
+
+
+def clear_staging(dist: Path) -> None:
+    """Remove what killed builds staged in `dist` (the caller holds its lock)."""
+    for stale in list(dist.glob(STAGING + "*")) + _legacy_staging(dist):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged(dist: Path):
+    """A fresh staging folder inside `dist` (on its file system: publish
+    renames from it), removed when the block ends, however it ends."""
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=dist))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -93,25 +251,40 @@ def check_tools() -> None:
 def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Path:
     """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
     version = read_version(line.version_file)
-    tag = line.tag
     names = read_series(line.series)
     if version.split("+")[1] != f"{LABEL}.{len(names)}":
         raise Fail(
             f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
             f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
         )
-    workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()
-    dist.parent.mkdir(parents=True, exist_ok=True)
-    prefix = _staging_prefix(dist)
+    writable_folder(workdir, "work folder", "give another: ./build.sh --workdir DIR")
+    writable_folder(dist, "dist folder", "give another: ./build.sh --dist DIR")
     # Left by a killed run: no live build can own them, as we hold both locks.
-    for stale in list(workdir.glob("tree.*")) + list(dist.parent.glob(prefix + "*")):
+    for stale in workdir.glob("tree.*"):
         shutil.rmtree(stale, ignore_errors=True)
+    clear_staging(dist)
+    check_space(workdir, dist)
+    with space_errors(workdir, dist), staged(dist) as staging:
+        return _build(arch, dist, workdir, line, signer, staging, version, names)
+
+
+def _build(
+    arch: str,
+    dist: Path,
+    workdir: Path,
+    line: Line,
+    signer,
+    staging: Path,
+    version: str,
+    names: list[str],
+) -> Path:
+    """Fetch, patch, build, verify and package into `staging`, then publish."""
+    tag = line.tag
     _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
     sdist = fetch_sdist(tag)
     official = fetch_wheel(arch, tag)
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
-    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:
         _step(f"patch: pristine {sdist.name} + {len(names)} patches (quilt)")
         tree = prepare_tree(tree_parent / "vllm", series=line.series, patches=line.patches, tag=tag)
@@ -141,7 +314,6 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
         _step(f"package into {dist}")
         final = publish(wheel, dist, extras)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(tree_parent, ignore_errors=True)
     return final
 

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tpfix.common import TAG, Fail, run, shown
+from tpfix.common import TAG, Fail, child_options, run, shown
 
 REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
 PUSH_ARGS = ["--fuzz=0"]
@@ -79,7 +79,8 @@ class Quilt:
     def interactive(self, *args: str) -> int:
         """`quilt ARGS` (push exact, refresh canonical) on the terminal; its status."""
         require()
-        return subprocess.run(["quilt", *canonical(args)], cwd=self.tree, env=self.env).returncode
+        cmd = ["quilt", *canonical(args)]
+        return subprocess.run(cmd, cwd=self.tree, env=self.env, **child_options()).returncode
 
     def push_exact(self, *names: str, tag: str = TAG) -> None:
         """Push `names` in order (the next ones of the series), exactly; Fail

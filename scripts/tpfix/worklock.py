@@ -3,12 +3,17 @@
 """One build per work folder: an exclusive lock, held for the whole run.
 
 A build owns its work folder (`build/work`: the patched tree, logs) and its
-output folder (`dist/`, with the staging folder next to it) from its first
+output folder (`dist/`, with its hidden staging folder) from its first
 step to its last.  Without a lock, a second `./build.sh` in the same checkout
 removed the first one's tree as "left by a killed run", and the first then
 failed with a misleading "patch does not apply".  So `hold()` takes an
 exclusive `fcntl.flock` on a lock file in the folder and keeps it until the
 run ends; clean-up of what a killed run left happens only while holding it.
+The output folder's lock file lives under this checkout's build/locks/
+(dist_lock_file: dist/ holds published files only, its parent may be
+read-only); the folder itself is flocked too, so that a build from another
+checkout into the same dist/ is refused as well (where the file system
+allows flock on a folder; NFS does not, and there only the lock file counts).
 
 **Stop, don't wait.**  A second build on a folder in use stops at once with
 the other build's pid, host, start time and command line, and what to do.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shlex
 import socket
@@ -41,7 +47,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpfix.common import Fail
+from tpfix.common import ROOT, Fail
 
 
 def _command_line() -> str:
@@ -103,9 +109,15 @@ def hold(lock_file: Path, folder: str, fix: str) -> Iterator[None]:
     `folder` the lock guards, the other build (from the lock file's text) and
     `fix`, what to do instead.
     """
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    # O_RDWR without O_TRUNC: the holder's text must survive our open.
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        # O_RDWR without O_TRUNC: the holder's text must survive our open.
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise Fail(
+            f"{folder}: cannot create its lock file {lock_file} ({e.strerror}); "
+            f"make {lock_file.parent} writable, or {fix}"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,10 +147,53 @@ def workdir_lock(workdir: Path):
     )
 
 
+DIST_LOCKS = ROOT / "build" / "locks"
+
+
+def dist_lock_file(dist: Path) -> Path:
+    """Where the lock of the output folder `dist` lives: under this checkout's
+    build/, named by a hash of dist's real path, so that neither dist (which
+    holds only published files) nor its parent (which may be read-only, or a
+    mount's) has to take it."""
+    key = hashlib.sha256(str(dist.resolve()).encode()).hexdigest()[:16]
+    return DIST_LOCKS / f"dist-{key}.lock"
+
+
+@contextlib.contextmanager
+def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
+    """An exclusive flock on `folder` itself (created if it can be), for the
+    block; none where the folder cannot be opened (the build's own check then
+    names it) or the file system has no flock on folders (NFS)."""
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Fail(
+                f"{what} is in use by another build, one whose lock file is not in "
+                f"this checkout's {DIST_LOCKS} (another checkout's build, or an older "
+                f"tpfix). Only one build at a time may use a folder. Wait until that "
+                f"build has finished, or {fix}."
+            ) from None
+        except OSError:
+            pass  # no flock on folders here: the lock file alone guards it
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
-):
-    """The lock of an output folder: beside it, as its staging folder is, since
-    dist/ itself holds only the wheel and SHA256SUMS."""
+) -> Iterator[None]:
+    """The lock of an output folder: its lock file (dist_lock_file), then the folder."""
     dist = dist.resolve()
-    return hold(dist.parent / f".{dist.name}.lock", f"dist folder {dist}", fix)
+    what = f"dist folder {dist}"
+    with hold(dist_lock_file(dist), what, fix), hold_folder(dist, what, fix):
+        yield
