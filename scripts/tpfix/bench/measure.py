@@ -6,7 +6,8 @@ in a fresh interpreter on the tree under test, on the simulated device of
 ``tpfix.replay.device`` (its docstring says what is simulated; everything
 vLLM does is the tree's real code).  Their drivers, which print the tables:
 ``bench`` and ``min_need``: bench/workspace.py; ``sweep``:
-bench/sweep_workspace.py; ``op_overhead``: bench/fused_op.py.
+bench/sweep_workspace.py; ``op_overhead``: bench/fused_op.py; ``bench_table``
+(on bug_b's cases, device.setup_recording()): bench/oneshot.py.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tpfix.replay.bug_b import _dtype, _ranges, run_case
 from tpfix.replay.device import (
+    MiB,
     make_workspace,
     new_process,
     setup,
+    setup_recording,
     state,
     trtllm_sizes,
     workspace_bytes,
@@ -291,3 +295,70 @@ def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2
             op(**kwargs)
         best = min(best, (time.perf_counter() - t0) / calls)
     return {"backend": backend, "seconds_per_call": best, "calls": calls, "repeats": repeats}
+
+
+# --------------------------------------------------------------------------
+# one-shot strategy and memory per token count (bench/oneshot.py)
+# --------------------------------------------------------------------------
+def bench_table(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per config and backend: workspace bytes per rank, the strategy of every
+    token count as shipped, and whether the tree's one-shot policy fits."""
+    st = setup_recording()
+    fi_mnnvl, arf = st["fi_mnnvl"], st["arf"]
+    workspace_cls = fi_mnnvl.MNNVLAllReduceFusionWorkspace
+    strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
+    keys = (
+        "backend",
+        "capability",
+        "tp",
+        "widths",
+        "dtype",
+        "limit",
+        "budget_mb",
+        "fusion",
+        "max_token_num",
+        "workspace_bytes_per_rank",
+        "mnnvl_buffer_size_bytes",
+        "oneshot_tokens",
+        "twoshot_tokens",
+        "failures",
+        "unfused",
+    )
+    rows = []
+    for cfg in configs:
+        for backend in ("mnnvl", "trtllm"):
+            row = {k: v for k, v in run_case(backend, **cfg).items() if k in keys}
+            policy = run_case(backend, vllm_table_on_mnnvl=True, max_failures=1 << 30, **cfg)
+            row["policy_failures"] = policy.get("failures")
+            row["policy_failure_tokens"] = _ranges(
+                [f["num_tokens"] for f in policy.get("failure_examples", [])]
+            )
+            if backend == "mnnvl" and row.get("max_token_num"):
+                # Rejected alternative: an MNNVL buffer sized for the one-shot
+                # range of vLLM's TRT-LLM table (FlashInfer's sizing formula).
+                tdtype = _dtype(cfg["dtype"])
+                h, m, tp = max(cfg["widths"]), max(row["max_token_num"].values()), cfg["tp"]
+                table_bytes = _vllm_trtllm_table_oneshot_bytes(arf, cfg["capability"], tp)
+                if table_bytes is not None:
+                    n1 = min(int(table_bytes) // (tp * h * tdtype.itemsize), m)
+                    buf = max(
+                        workspace_cls.get_required_buffer_size_bytes(
+                            tp, n1, h, tdtype, strategy.ONESHOT
+                        ),
+                        workspace_cls.get_required_buffer_size_bytes(
+                            tp, m, h, tdtype, strategy.TWOSHOT
+                        ),
+                    )
+                    row["alt_vllm_table_oneshot_tokens"] = n1
+                    row["alt_vllm_table_bytes_per_rank"] = buf * workspace_cls.NUM_LAMPORT_BUFFERS
+            rows.append(row)
+    return rows
+
+
+def _vllm_trtllm_table_oneshot_bytes(arf, capability: int, tp: int):
+    """The tuned (TRT-LLM) one-shot limit of the tree's vLLM, in one-shot bytes."""
+    if hasattr(arf, "_FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB"):
+        mb = arf._FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB.get(capability, {}).get(tp)
+        return None if mb is None else mb * MiB
+    mb = arf._FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB.get(capability, {}).get(tp)
+    return None if mb is None else mb * MiB * tp
