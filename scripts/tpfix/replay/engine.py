@@ -8,7 +8,8 @@ REAL: ``ModelConfig`` (from local ``config.json`` files, no weights),
 ``SpeculativeConfig``, ``VllmConfig.__post_init__``, the drafter's
 configuration via ``DraftModelProposer._create_draft_vllm_config``, the
 worker's ``init_worker_distributed_environment`` and ``Worker.load_model``,
-``AllReduceFusionPass``, the compiled op's custom op, ``CudaCommunicator.destroy()``.
+``AllReduceFusionPass``, the fused custom op
+``call_trtllm_fused_allreduce_norm``, ``CudaCommunicator.destroy()``.
 SIMULATED here (beyond the device): the model runner (``load_models``:
 loads nothing, its model is ``model_stand_in()``), a model loaded from the
 AOT compile cache (``forward`` calls the fused op with the arguments a cold

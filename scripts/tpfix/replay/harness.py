@@ -121,11 +121,17 @@ def run_scenarios(tree: Path, jobs: list[tuple[str, dict]], timeout: float = 900
     another in a process (those of one module that reset what they set up,
     such as bug_b's cases); an exception is reported and the next job runs."""
     payload = [[*spec.split(":"), kwargs] for spec, kwargs in jobs]
+    env = scenario_env(tree)
+    # One torch thread: the tests run several scenario interpreters at once
+    # (more than the cores), where idle OpenMP threads spinning cost more than
+    # they give (a scenario's results do not depend on the thread count: its
+    # reference and its simulated kernel are computed alike in one process).
+    env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         proc = subprocess.run(
             [sys.executable, "-c", _RUNNER, json.dumps(payload), str(out)],
-            env=scenario_env(tree),
+            env=env,
             cwd=tmp,
             text=True,
             capture_output=True,
