@@ -11,7 +11,7 @@ Every scenario runs the REAL vLLM code of the tree under test (configs, the
 worker's distributed init and ``Worker.load_model``, AllReduceFusionPass, the
 fused custom op, everything in flashinfer_all_reduce.py, the TP group's
 ``CudaCommunicator.destroy()``) and FlashInfer's real Python validation, in
-a subprocess.  SIMULATED (see scripts/tpfix/replay/bug_a.py): the CUDA device
+a subprocess.  SIMULATED (see scripts/tpfix/replay/device.py): the CUDA device
 (platform reports CUDA, static graph support and the SM capability),
 torch.distributed (a fake TP group whose all-reduce is input * TP, a real
 CudaCommunicator made with __new__ without NCCL/custom all-reduce, one peer

@@ -9,7 +9,8 @@ compiled op ``call_trtllm_fused_allreduce_norm``, the workspace plan of
 ``prepare_fi_ar_workspace`` and the creation of ``flashinfer_all_reduce``) on
 FlashInfer's real Python layer; only GPU memory (with the MNNVL allocation
 granularity as a parameter), kernel launches and the TP group are simulated
-(see the scenario module's docstring for the exact list).
+(see the scenario module's docstring and replay/device.py's for the
+exact list).
 
 "Before" is the series without patch 0005 (v0.27.1 + FlashInfer
 0.6.16.post4 + bug A's 0002-0004: the workspace planned for the narrowest
@@ -44,7 +45,13 @@ from hypothesis import strategies as st
 from tpfix.common import PATCHES
 from tpfix.patchfile import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
-from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
+from tpfix.replay.harness import (
+    patch_checks,
+    run_scenario,
+    run_scenarios,
+    tree_after,
+    tree_before,
+)
 
 PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
 GRANULARITIES = {"1 B": 1, "2 MiB": MIB2}
@@ -61,27 +68,33 @@ def _run_all(jobs: dict) -> dict:
         return {key: fut.result() for key, fut in futures.items()}
 
 
-def _before_and_after(spec: str, **kwargs) -> tuple[dict, dict]:
-    """One scenario on the tree before and the tree after the patch."""
-    res = _run_all(
-        {w: (f(PATCH), spec, kwargs) for w, f in (("b", tree_before), ("a", tree_after))}
-    )
-    return res["b"], res["a"]
+@pytest.fixture(scope="module")
+def fast() -> dict[str, tuple[dict, dict]]:
+    """The fast tier's scenarios (the seed replay; NARROW_DRAFT at both
+    granularities) on the tree before and after the patch: one interpreter
+    per tree runs both (bug_b's cases reset what they set up), the two
+    trees concurrently.  {"seed" | "narrow": (before, after)}."""
+    jobs = [
+        ("bug_b:seed_replay", {}),
+        (
+            "bug_b:run_case_at",
+            {"granularities": list(GRANULARITIES.values()), **NARROW_DRAFT},
+        ),
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(run_scenarios, f(PATCH), jobs) for f in (tree_before, tree_after)]
+        (seed_b, narrow_b), (seed_a, narrow_a) = (fut.result() for fut in futures)
+    return {"seed": (seed_b, seed_a), "narrow": (narrow_b, narrow_a)}
 
 
 @pytest.fixture(scope="module")
-def seed():
-    return _before_and_after("bug_b:seed_replay")
+def seed_before(fast):
+    return fast["seed"][0]
 
 
 @pytest.fixture(scope="module")
-def seed_before(seed):
-    return seed[0]
-
-
-@pytest.fixture(scope="module")
-def seed_after(seed):
-    return seed[1]
+def seed_after(fast):
+    return fast["seed"][1]
 
 
 def test_seed_arithmetic_with_flashinfer_functions(seed_before, seed_after):
@@ -129,11 +142,9 @@ def test_seed_as_shipped_every_token_count_fits(seed_before, seed_after, when):
 
 
 @pytest.fixture(scope="module")
-def narrow():
+def narrow(fast):
     """NARROW_DRAFT before and after the patch at both granularities."""
-    runs = _before_and_after(
-        "bug_b:run_case_at", granularities=list(GRANULARITIES.values()), **NARROW_DRAFT
-    )
+    runs = fast["narrow"]
     res = {}
     for when, by_granularity in zip(("before", "after"), runs, strict=True):
         assert "error" not in by_granularity, by_granularity

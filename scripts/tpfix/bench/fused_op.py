@@ -5,7 +5,7 @@
 tree before patch 0002) next to the patched series, in one run.
 
 Each tree's REAL ``call_trtllm_fused_allreduce_norm`` runs in its own
-subprocess (scripts/tpfix/replay/bug_a.py:op_overhead) with FlashInfer's launch
+subprocess (scripts/tpfix/bench/measure.py:op_overhead) with FlashInfer's launch
 replaced by a no-op, so the figure is vLLM's own per-call overhead in eager
 mode (with CUDA graphs the op's Python runs only at capture).  Rounds
 alternate between the trees; the best round of each is printed.
@@ -32,7 +32,7 @@ def main() -> None:
         best = {k: float("inf") for k in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                r = run_scenario(tree, "bug_a:op_overhead", backend=backend)
+                r = run_scenario(tree, "tpfix.bench.measure:op_overhead", backend=backend)
                 if "error" in r:
                     raise SystemExit(f"{name}: {r}")
                 best[name] = min(best[name], r["seconds_per_call"])

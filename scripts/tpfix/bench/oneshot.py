@@ -19,9 +19,10 @@ FlashInfer backends, prints per tree:
 * for MNNVL, the memory the rejected alternative would take: a buffer sized
   for the one-shot range of vLLM's TRT-LLM table.
 
-Everything comes from scripts/tpfix/replay/bug_b.py:bench_table run in a fresh
-interpreter per tree (see that module for what is simulated: GPU memory,
-kernel launches, the TP group).  These configurations have one model width;
+Everything comes from scripts/tpfix/bench/measure.py:bench_table (bug_b's
+cases) run in a fresh interpreter per tree (see replay/device.py,
+setup_recording, for what is simulated: GPU memory, kernel launches, the TP
+group).  These configurations have one model width;
 patch 0005 only changes a request that does not fit the workspace (a tensor
 narrower than the workspace's width, tests/test_bug_b.py), and leaves vLLM's
 table alone, so before and after print the same here: what it shows is the
@@ -92,7 +93,7 @@ def main() -> None:
         "after": args.tree_after or tree_after(PATCH),
     }
     for label, tree in trees.items():
-        rows = run_scenario(tree, "bug_b:bench_table", configs=scen)
+        rows = run_scenario(tree, "tpfix.bench.measure:bench_table", configs=scen)
         if isinstance(rows, dict) and "error" in rows:
             sys.exit(
                 f"{label} tree {tree}: {rows['error']}: {rows['message']}\n{rows.get('stderr', '')}"

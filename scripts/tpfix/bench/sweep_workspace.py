@@ -8,7 +8,7 @@ Each configuration (target/draft hidden sizes of real models, TP 2/4/8,
 SM 90/100/103, backend trtllm/mnnvl, max_num_batched_tokens 16..16384,
 standalone FlashInfer all-reduce off/on) runs in cold and warm creation
 order through the REAL vLLM code of each tree and FlashInfer's own
-validators (scripts/tpfix/replay/bug_a.py:sweep; the device layer is simulated
+validators (scripts/tpfix/bench/measure.py:sweep; the device layer is simulated
 as that module says).  Printed per tree: configurations that crash (some
 request the engine makes does not fit the workspace it gets, or start-up
 raises), the largest fused token count of every model, and the workspace
@@ -102,7 +102,9 @@ def run(tree: Path, cfgs: list[dict], chunk: int = 400) -> list[dict]:
 
     rows: list[dict] = []
     for i in range(0, len(cfgs), chunk):
-        res = run_scenario(tree, "bug_a:sweep", timeout=3600, configs=cfgs[i : i + chunk])
+        res = run_scenario(
+            tree, "tpfix.bench.measure:sweep", timeout=3600, configs=cfgs[i : i + chunk]
+        )
         if isinstance(res, dict):
             raise SystemExit(f"sweep failed in {tree}: {res}")
         rows += res

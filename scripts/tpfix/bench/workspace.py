@@ -6,7 +6,7 @@
 
 For every configuration it runs the REAL vLLM code of each tree (config,
 worker init, AllReduceFusionPass for target and drafter, the fused op's lazy
-creation) in a subprocess via scripts/tpfix/replay/bug_a.py:bench, with the
+creation) in a subprocess via scripts/tpfix/bench/measure.py:bench, with the
 device layer simulated (no GPU: FlashInfer workspace objects are built with
 FlashInfer's own sizing formulas, no memory is allocated).  It prints:
 
@@ -125,7 +125,9 @@ def main() -> int:
         "before": args.tree_before or tree_before(PATCH),
         "after": args.tree_after or tree_after(PATCH),
     }
-    res = {k: run_scenario(t, "bug_a:bench", configs=CONFIGS) for k, t in trees.items()}
+    res = {
+        k: run_scenario(t, "tpfix.bench.measure:bench", configs=CONFIGS) for k, t in trees.items()
+    }
     for k, r in res.items():
         if isinstance(r, dict) and "error" in r:
             print(f"{k}: {r['error']}: {r['message']}\n{r.get('stderr', '')}")
@@ -135,7 +137,7 @@ def main() -> int:
     # with the FlashInfer it pins (a scenario run, like the rest)
     needs = run_scenario(
         trees["after"],
-        "bug_a:min_need",
+        "tpfix.bench.measure:min_need",
         configs=[a["config"] for a in res["after"]],
         budgets=[a.get("budget") for a in res["after"]],
     )

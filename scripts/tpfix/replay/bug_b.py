@@ -13,46 +13,26 @@ FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
 classes, their size checks, ``MNNVL_ONE_SHOT_THRESHOLD``,
 ``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``).
 
-What is simulated, and only that (there is no GPU here):
+What is simulated, and only that (there is no GPU here), is the device
+layer ``device.setup_recording()`` installs (scripts/tpfix/replay/device.py,
+its docstring lists it): GPU memory (FlashInfer's real constructors on a
+simulated multicast allocation, at the MNNVL allocation ``granularity`` of
+the case: default 1, the smallest buffer FlashInfer can end up with), the
+TRT-LLM IPC allocation (same metadata formulas as trtllm_ar.py), kernel
+launches (recorders of ``use_oneshot``), the TP group (rank 0; the other
+ranks agree to every creation; no CUDA graph is captured) and the device
+(``is_cuda()``, the case's SM capability).  Also simulated here:
 
-* GPU memory.  ``MNNVLAllReduceFusionWorkspace.__init__`` runs unchanged,
-  including its sizing branch; only ``McastGPUBuffer`` (the multicast
-  allocation) is replaced by an object that reports the usable size
-  FlashInfer 0.6.16.post4 gets from the driver: the request (3 Lamport
-  buffers) plus ``SIGNAL_PAD_SIZE`` rounded up to the allocation
-  ``granularity``, minus the pad (mnnvl.py ``_get_allocation_prop``,
-  ``get_usable_buffer_size``); FlashInfer's constructor then makes each
-  buffer a third of it, 16-byte aligned.  The granularity is a parameter of
-  the case (default 1: the smallest buffer FlashInfer can end up with; the
-  device's recommended and multicast granularities are hardware data, not
-  known here).  ``torch.cuda``/``torch.device("cuda")`` inside that module
-  map to the CPU.
-* The TRT-LLM IPC workspace.  ``trtllm_create_ipc_workspace_for_all_reduce_fusion``
-  allocates symmetric memory before returning its metadata; it is replaced by
-  a function returning the same metadata, with the sizes computed by the same
-  formulas as trtllm_ar.py (buffer, flag and Lamport sizes, MAX_COMM_SIZE cap).
-* Kernel launch.  The JIT modules behind ``get_trtllm_mnnvl_comm_module`` and
-  ``get_trtllm_comm_module`` are replaced by recorders of the strategy that
-  FlashInfer would launch (``use_oneshot``).  Every FlashInfer check that runs
-  before the launch is the real one.
-* The TP group: one process stands in for rank 0 of a TP group of the given
-  size (``get_tp_group`` with no standalone FlashInfer all-reduce on its
-  device communicator, ``get_tensor_model_parallel_rank``,
-  ``get_node_count``, FlashInfer's ``TorchDistBackend``).  The other ranks'
-  answer to the creation agreement all-reduce (patch 0004) is "created"
-  (``dist`` stand-in); no CUDA graph is captured.
-  ``tensor_model_parallel_all_reduce`` raises, and the case counts an
+* ``tensor_model_parallel_all_reduce`` raises, and the case counts an
   "unfused" call instead of a kernel launch (no tree of the series falls
   back to it; the count must stay 0).
-* The device: ``current_platform.is_cuda()`` is True and
-  ``get_device_capability()`` returns the SM version of the case.
 * The engine as ``prepare_fi_ar_workspace`` sees it when the worker has
   loaded the models (patch 0002 on): a configuration object carrying only
   the fields it reads (target and draft width, a draft model as the
   drafter, dtype, ``max_num_batched_tokens``, compilation mode
   VLLM_COMPILE, a real ``PassConfig`` with the fusion on) and, where it
-  takes the loaded model, bug A's model stand-in, whose backbone is marked
-  compiled as ``@support_torch_compile`` marks it.
+  takes the loaded model, ``engine.model_stand_in()``, whose backbone is
+  marked compiled as ``@support_torch_compile`` marks it.
   On trees without it (pristine v0.27.1) the first op call creates the
   workspace with its own shape, as there.
 * vLLM's compiled ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``.
@@ -64,7 +44,13 @@ import os
 import types
 from typing import Any
 
-from tpfix.replay.bug_a import forget_fi_ar_state, model_stand_in, trtllm_sizes
+from tpfix.replay.device import (
+    forget_fi_ar_state,
+    recording,
+    setup_recording,
+    simulate_cuda_platform,
+)
+from tpfix.replay.engine import model_stand_in
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
@@ -85,169 +71,6 @@ MiB = 1024 * 1024
 # A 2 MiB allocation granularity, to set against the default of 1.
 MIB2 = 2 * MiB
 
-_STATE: dict[str, Any] = {}
-
-
-# --------------------------------------------------------------------------
-# CPU simulation (see module docstring)
-# --------------------------------------------------------------------------
-def _install_simulation() -> dict[str, Any]:
-    if _STATE:
-        return _STATE
-    import flashinfer.comm.allreduce as fi_allreduce
-    import flashinfer.comm.trtllm_ar as fi_trtllm
-    import flashinfer.comm.trtllm_mnnvl_ar as fi_mnnvl
-    import torch
-
-    from tpfix.replay import vllm_cpu_stubs  # noqa: F401  (CPU stand-ins for torch.ops._C)
-
-    launches: list[dict[str, Any]] = []
-    allocations: list[dict[str, Any]] = []
-
-    # -- MNNVL: real constructor, simulated multicast allocation -----------
-    from flashinfer.comm.mnnvl import SIGNAL_PAD_SIZE
-
-    class _SimMcastGPUBuffer:
-        def __init__(
-            self,
-            buf_size,
-            group_size,
-            group_rank,
-            device,
-            comm_backend_for_handle_transfer=None,
-            **_,
-        ):
-            # mnnvl.py: request + signal pad, rounded up to the granularity;
-            # the usable size is that minus the pad
-            g = _STATE["granularity"]
-            allocation = -(-(buf_size + SIGNAL_PAD_SIZE) // g) * g
-            self.buf_size = allocation - SIGNAL_PAD_SIZE
-            self.mcast_device_memory = types.SimpleNamespace(
-                get_buffer_ptrs_host=lambda: [0] * group_size
-            )
-            allocations.append(
-                {
-                    "backend": "mnnvl",
-                    "requested_workspace_bytes": buf_size,
-                    "usable_bytes": self.buf_size,
-                }
-            )
-
-        def lamport_initialize(self, rank, dtype):
-            pass
-
-        def get_buffer_ptrs_dev(self):
-            return 0
-
-        def get_unicast_ptr(self, rank):
-            return 0
-
-        def get_multicast_ptr(self):
-            return 1  # multicast available
-
-    class _CpuTorch(types.ModuleType):
-        """``torch`` as seen from trtllm_mnnvl_ar: cuda devices map to CPU."""
-
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-    cpu_torch = _CpuTorch("torch")
-    cpu_torch.device = lambda *a, **k: torch.device("cpu")
-    cpu_torch.cuda = types.SimpleNamespace(current_device=lambda: 0, synchronize=lambda: None)
-    fi_mnnvl.torch = cpu_torch
-    fi_mnnvl.McastGPUBuffer = _SimMcastGPUBuffer
-
-    def _sim_mnnvl_module():
-        def trtllm_mnnvl_allreduce_fusion(*args):
-            launches.append({"backend": "mnnvl", "use_oneshot": bool(args[9])})
-
-        return types.SimpleNamespace(trtllm_mnnvl_allreduce_fusion=trtllm_mnnvl_allreduce_fusion)
-
-    fi_mnnvl.get_trtllm_mnnvl_comm_module = _sim_mnnvl_module
-
-    # -- TRT-LLM: simulated IPC allocation, same metadata formulas ---------
-    def _sim_trtllm_ipc(
-        tp_rank,
-        tp_size,
-        max_token_num,
-        hidden_dim,
-        use_fp32_lamport=False,
-        group=None,
-        create_metadata=False,
-        comm_backend=None,
-        use_symm_dev_mem=False,
-    ):
-        # trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion's sizing
-        dtype = torch.float32 if use_fp32_lamport else torch.bfloat16
-        metadata = trtllm_sizes(tp_size, max_token_num, hidden_dim, dtype)
-        metadata["tp_rank"] = tp_rank
-        allocations.append({"backend": "trtllm", **metadata})
-        return [], None, [], metadata
-
-    fi_allreduce.trtllm_create_ipc_workspace_for_all_reduce_fusion = _sim_trtllm_ipc
-
-    def _sim_trtllm_module():
-        def trtllm_allreduce_fusion(**kwargs):
-            launches.append({"backend": "trtllm", "use_oneshot": bool(kwargs["use_oneshot"])})
-
-        return types.SimpleNamespace(trtllm_allreduce_fusion=trtllm_allreduce_fusion)
-
-    fi_trtllm.get_trtllm_comm_module = _sim_trtllm_module
-
-    # -- vLLM side: rank 0 of a TP group, given device capability ----------
-    import vllm.distributed.device_communicators.flashinfer_all_reduce as vfi
-    from vllm.compilation.passes.fusion import allreduce_rms_fusion as arf
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import DeviceCapability
-
-    class _SimCommBackend:
-        def __init__(self, group=None):
-            self.group = group
-
-        def barrier(self):
-            pass
-
-    group = types.SimpleNamespace(name="tp-cpu-group")
-    vfi.TorchDistBackend = _SimCommBackend
-    # the other ranks agree (patch 0004's creation all-reduce); no capture
-    vfi.dist = types.SimpleNamespace(
-        all_reduce=lambda tensor, op=None, group=None: None,
-        ReduceOp=types.SimpleNamespace(MIN="min"),
-    )
-    torch.cuda.is_current_stream_capturing = lambda: False
-    vfi.get_node_count = lambda: 1
-    if hasattr(vfi, "_node_count"):  # v0.33.0+: a single node is simulated
-        vfi._node_count = lambda group: 1
-    tp_group = types.SimpleNamespace(
-        world_size=2,  # set per case
-        rank_in_group=0,
-        cpu_group=group,
-        device_communicator=types.SimpleNamespace(fi_ar_comm=None),
-    )
-    arf.get_tp_group = vfi.get_tp_group = lambda: tp_group
-    arf.get_tensor_model_parallel_rank = lambda: 0
-
-    capability = {"value": DeviceCapability(9, 0)}
-    current_platform.get_device_capability = lambda device_id=0: capability["value"]
-    current_platform.is_cuda = lambda: True
-
-    _STATE.update(
-        torch=torch,
-        fi_mnnvl=fi_mnnvl,
-        fi_trtllm=fi_trtllm,
-        fi_allreduce=fi_allreduce,
-        vfi=vfi,
-        arf=arf,
-        launches=launches,
-        allocations=allocations,
-        capability=capability,
-        group=group,
-        tp_group=tp_group,
-        granularity=1,
-        DeviceCapability=DeviceCapability,
-    )
-    return _STATE
-
 
 # --------------------------------------------------------------------------
 # One case: configure, plan/create the workspace the tree's way, call the op
@@ -260,12 +83,12 @@ def _dtype(name: str):
 
 
 def _configure(backend: str, capability: int, granularity: int = 1) -> dict[str, Any]:
-    st = _install_simulation()
+    st = setup_recording()
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
     vfi = st["vfi"]
     forget_fi_ar_state(vfi)
     st["granularity"] = granularity
-    st["capability"]["value"] = st["DeviceCapability"](capability // 10, capability % 10)
+    simulate_cuda_platform(capability, static_graphs=False)
     st["launches"].clear()
     st["allocations"].clear()
     return st
@@ -286,7 +109,7 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     which plans the shape and creates the workspace; without it (pristine
     v0.27.1) the first op call creates it with its own shape.
     """
-    vfi = _STATE["vfi"]
+    vfi = recording["vfi"]
     from vllm.config.compilation import PassConfig
 
     pass_config = PassConfig(fuse_allreduce_rms=True, fi_allreduce_fusion_max_size_mb=budget_mb)
@@ -298,7 +121,7 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
         per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
     else:
         per_width = {h: tokens(max_size, limit, h, dtype.itemsize) for h in widths}
-    _STATE["tp_group"].world_size = tp
+    recording["tp_group"].world_size = tp
     if not hasattr(vfi, "prepare_fi_ar_workspace"):
         return per_width, None
 
@@ -335,7 +158,7 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
 
 def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
     """(required, allocated) bytes of the launched strategy, FlashInfer's way."""
-    fi_mnnvl = _STATE["fi_mnnvl"]
+    fi_mnnvl = recording["fi_mnnvl"]
     if workspace.backend == "mnnvl":
         strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
         required = fi_mnnvl.MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes(
@@ -365,7 +188,7 @@ def _tree_abstains_on_mnnvl() -> bool:
     """True for trees whose selection returns None on MNNVL (vllm#47589)."""
     import inspect
 
-    select = _STATE["arf"]._select_flashinfer_allreduce_use_oneshot
+    select = recording["arf"]._select_flashinfer_allreduce_use_oneshot
     if list(inspect.signature(select).parameters)[0] != "workspace_backend":
         return False
     return select("mnnvl", 90, 8, 1) is None
@@ -376,8 +199,8 @@ def _apply_vllm_table_on_mnnvl(enable: bool) -> bool:
     vLLM did before vllm#47589 (and as it does on TRT-LLM).  Returns whether
     the tree needed it.  Trees that decide on MNNVL themselves are untouched.
     """
-    arf = _STATE["arf"]
-    original = _STATE.setdefault("select_original", arf._select_flashinfer_allreduce_use_oneshot)
+    arf = recording["arf"]
+    original = recording.setdefault("select_original", arf._select_flashinfer_allreduce_use_oneshot)
     arf._select_flashinfer_allreduce_use_oneshot = original
     if not enable or not _tree_abstains_on_mnnvl():
         return False
@@ -554,7 +377,7 @@ SEED = {
 
 def seed_replay() -> dict[str, Any]:
     """Seed 001: SM90, TP8, hidden 6144 (GLM-5.2), bf16, 0.5 MiB budget."""
-    st = _install_simulation()
+    st = setup_recording()
     fi_mnnvl, torch = st["fi_mnnvl"], st["torch"]
     workspace_cls = fi_mnnvl.MNNVLAllReduceFusionWorkspace
     strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
@@ -665,67 +488,3 @@ def _sample_tokens(case: dict[str, Any]) -> list[int]:
     ns.update(range(512, limit + 1, max(1, limit // 256)))
     ns.add(limit)
     return sorted(ns)  # run_case drops the N above each width's token limit
-
-
-def bench_table(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per config and backend: workspace bytes per rank, the strategy of every
-    token count as shipped, and whether the tree's one-shot policy fits."""
-    st = _install_simulation()
-    fi_mnnvl, arf = st["fi_mnnvl"], st["arf"]
-    workspace_cls = fi_mnnvl.MNNVLAllReduceFusionWorkspace
-    strategy = fi_mnnvl.MNNVLAllreduceFusionStrategy
-    keys = (
-        "backend",
-        "capability",
-        "tp",
-        "widths",
-        "dtype",
-        "limit",
-        "budget_mb",
-        "fusion",
-        "max_token_num",
-        "workspace_bytes_per_rank",
-        "mnnvl_buffer_size_bytes",
-        "oneshot_tokens",
-        "twoshot_tokens",
-        "failures",
-        "unfused",
-    )
-    rows = []
-    for cfg in configs:
-        for backend in ("mnnvl", "trtllm"):
-            row = {k: v for k, v in run_case(backend, **cfg).items() if k in keys}
-            policy = run_case(backend, vllm_table_on_mnnvl=True, max_failures=1 << 30, **cfg)
-            row["policy_failures"] = policy.get("failures")
-            row["policy_failure_tokens"] = _ranges(
-                [f["num_tokens"] for f in policy.get("failure_examples", [])]
-            )
-            if backend == "mnnvl" and row.get("max_token_num"):
-                # Rejected alternative: an MNNVL buffer sized for the one-shot
-                # range of vLLM's TRT-LLM table (FlashInfer's sizing formula).
-                tdtype = _dtype(cfg["dtype"])
-                h, m, tp = max(cfg["widths"]), max(row["max_token_num"].values()), cfg["tp"]
-                table_bytes = _vllm_trtllm_table_oneshot_bytes(arf, cfg["capability"], tp)
-                if table_bytes is not None:
-                    n1 = min(int(table_bytes) // (tp * h * tdtype.itemsize), m)
-                    buf = max(
-                        workspace_cls.get_required_buffer_size_bytes(
-                            tp, n1, h, tdtype, strategy.ONESHOT
-                        ),
-                        workspace_cls.get_required_buffer_size_bytes(
-                            tp, m, h, tdtype, strategy.TWOSHOT
-                        ),
-                    )
-                    row["alt_vllm_table_oneshot_tokens"] = n1
-                    row["alt_vllm_table_bytes_per_rank"] = buf * workspace_cls.NUM_LAMPORT_BUFFERS
-            rows.append(row)
-    return rows
-
-
-def _vllm_trtllm_table_oneshot_bytes(arf, capability: int, tp: int):
-    """The tuned (TRT-LLM) one-shot limit of the tree's vLLM, in one-shot bytes."""
-    if hasattr(arf, "_FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB"):
-        mb = arf._FI_TRTLLM_ONE_SHOT_MAX_BYTES_MB.get(capability, {}).get(tp)
-        return None if mb is None else mb * MiB
-    mb = arf._FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB.get(capability, {}).get(tp)
-    return None if mb is None else mb * MiB * tp

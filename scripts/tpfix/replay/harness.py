@@ -5,7 +5,8 @@
 `tree_before(p)` / `tree_after(p)` are pristine v0.27.1 plus the series up to
 but excluding / including patch `p` (cached by content under
 <cache>/trees).  `run_scenario(tree, "module:function", **kw)` runs
-tpfix/replay/<module>.py's function in a fresh interpreter whose imports of
+tpfix/replay/<module>.py's function (a dotted module, e.g.
+"tpfix.bench.measure:bench", is imported as named) in a fresh interpreter whose imports of
 `vllm` come from `tree` and whose FlashInfer is the release that tree pins in
 requirements/cuda.txt, and returns what the function returned (a JSON dict);
 an uncaught exception comes back as {"error": type name, "message": str}.
@@ -86,39 +87,67 @@ def scenario_env(tree: Path) -> dict[str, str]:
     return env
 
 
+# The interpreter of run_scenarios.  It does not import rfc3987_syntax: an
+# optional IRI format checker of jsonschema (which mistral_common's import
+# pulls in) whose grammar, compiled at import, was a fifth of every scenario
+# interpreter's start-up; no scenario validates an IRI.
 _RUNNER = """
 import importlib, json, sys, traceback
-mod, fn, kwargs, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-try:
-    result = getattr(importlib.import_module("tpfix.replay." + mod), fn)(**kwargs)
-except BaseException as e:
-    traceback.print_exc()
-    result = {"error": type(e).__name__, "message": str(e)}
+sys.modules.setdefault("rfc3987_syntax", None)  # jsonschema skips its IRI check
+jobs, out = json.loads(sys.argv[1]), sys.argv[2]
+results = []
+for mod, fn, kwargs in jobs:
+    mod = mod if "." in mod else "tpfix.replay." + mod
+    try:
+        results.append(getattr(importlib.import_module(mod), fn)(**kwargs))
+    except BaseException as e:
+        traceback.print_exc()
+        results.append({"error": type(e).__name__, "message": str(e)})
 with open(out, "w") as f:
-    json.dump(result, f)
+    json.dump(results, f)
 """
 
 
 def run_scenario(tree: Path, spec: str, timeout: float = 900, **kwargs) -> dict:
-    module, func = spec.split(":")
+    """``spec`` ("module:function") with ``kwargs`` in a fresh interpreter on
+    ``tree``: what it returned, or {"error", "message", "stderr"}."""
+    return run_scenarios(tree, [(spec, kwargs)], timeout=timeout)[0]
+
+
+def run_scenarios(tree: Path, jobs: list[tuple[str, dict]], timeout: float = 900) -> list:
+    """Each (spec, kwargs) of ``jobs``, in order, in ONE fresh interpreter on
+    ``tree`` (one start-up instead of one each): their results, as
+    run_scenario returns them.  Only for scenarios that may follow one
+    another in a process (those of one module that reset what they set up,
+    such as bug_b's cases); an exception is reported and the next job runs."""
+    payload = [[*spec.split(":"), kwargs] for spec, kwargs in jobs]
+    env = scenario_env(tree)
+    # One torch thread: the tests run several scenario interpreters at once
+    # (more than the cores), where idle OpenMP threads spinning cost more than
+    # they give (a scenario's results do not depend on the thread count: its
+    # reference and its simulated kernel are computed alike in one process).
+    env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         proc = subprocess.run(
-            [sys.executable, "-c", _RUNNER, module, func, json.dumps(kwargs), str(out)],
-            env=scenario_env(tree),
+            [sys.executable, "-c", _RUNNER, json.dumps(payload), str(out)],
+            env=env,
             cwd=tmp,
             text=True,
             capture_output=True,
             timeout=timeout,
         )
+        specs = ", ".join(spec for spec, _ in jobs)
         if not out.exists():
             raise AssertionError(
-                f"scenario {spec} crashed in {tree} (rc={proc.returncode}):\n" + proc.stderr[-4000:]
+                f"scenario {specs} crashed in {tree} (rc={proc.returncode}):\n"
+                + proc.stderr[-4000:]
             )
-        result = json.loads(out.read_text())
-    if isinstance(result, dict) and "error" in result:
-        result.setdefault("stderr", proc.stderr[-4000:])
-    return result
+        results = json.loads(out.read_text())
+    for result in results:
+        if isinstance(result, dict) and "error" in result:
+            result.setdefault("stderr", proc.stderr[-4000:])
+    return results
 
 
 # -- the scenario checks a patch header names ------------------------------------
