@@ -188,13 +188,13 @@ def test_installed_vllm_is_ours(rootfs):
 
 def test_patched_files_match_tree_and_the_rest_is_official(rootfs):
     site = _site(rootfs)
-    tree = tree_after(read_series()[-1])
-    patched = {f for f in touched_files() if f.startswith("vllm/")}
+    tree = tree_after(read_series(get_line().series)[-1])
+    patched = {f for f in touched_files(get_line()) if f.startswith("vllm/")}
     assert patched, "the series touches no file under vllm/"
     for rel in patched:
         assert (site / rel).read_bytes() == (tree / rel).read_bytes(), rel
     checked = 0
-    with zipfile.ZipFile(fetch_wheel(host_arch())) as z:
+    with zipfile.ZipFile(fetch_wheel(host_arch(), get_line().tag)) as z:
         for info in z.infolist():
             name = info.filename
             if ".dist-info/" in name or name in patched or name == "vllm/_version.py":
@@ -268,7 +268,7 @@ def test_labels_and_config(buildah, built, base):
     assert labels["org.opencontainers.image.revision"].startswith(head)
     assert labels["org.opencontainers.image.base.name"] == base
     assert labels["tpfix.upstream.tag"] == TAG
-    assert labels["tpfix.series"] == " ".join(read_series()) == " ".join(names)
+    assert labels["tpfix.series"] == " ".join(read_series(get_line().series)) == " ".join(names)
     assert labels["tpfix.series.sha256"] == series_sha
     assert labels["tpfix.wheel.sha256"] == digest
     for key, value in theirs["Labels"].items():  # the base's own labels stay
@@ -288,7 +288,7 @@ def test_one_small_layer_holding_only_the_difference(buildah, built, base):
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
             names = [m.name for m in layer.getmembers() if not m.isdir()]
     version = read_version()
-    patched = {f for f in touched_files() if f.startswith("vllm/")} | {"vllm/_version.py"}
+    patched = {f for f in touched_files(get_line()) if f.startswith("vllm/")} | {"vllm/_version.py"}
     allowed = re.compile(
         r"^usr/local/lib/python3[^/]*/dist-packages/("
         + "|".join(re.escape(p) for p in sorted(patched))
@@ -352,7 +352,7 @@ def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
             names = [m.name for m in layer.getmembers() if not m.isdir()]
     names_of_line = read_series(line.series)
-    patched = {f for f in touched_files(names_of_line, line.patches) if f.startswith("vllm/")}
+    patched = {f for f in touched_files(line, names_of_line) if f.startswith("vllm/")}
     allowed = re.compile(
         r"^usr/local/lib/python3[^/]*/dist-packages/("
         + "|".join(re.escape(p) for p in sorted(patched | {"vllm/_version.py"}))
@@ -415,7 +415,9 @@ def test_flashinfer_index_required_when_base_ships_cubin(buildah, base, built, t
 
 def test_repins_are_what_the_series_changes(dist):
     wheel, _ = image.find_wheel(dist)
-    assert ("flashinfer-python", "0.6.16.post4") in image.repins(wheel, fetch_wheel(host_arch()))
+    assert ("flashinfer-python", "0.6.16.post4") in image.repins(
+        wheel, fetch_wheel(host_arch(), get_line().tag)
+    )
 
 
 def test_build_sh_has_the_image_option():
@@ -673,7 +675,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     (ours,) = [c for c in comps.values() if c["name"] == "vllm"]
     wheel, digest = image.find_wheel(dist)
     assert ours["version"] == read_version() and ours["hashes"][0]["content"] == digest
-    assert len(ours["pedigree"]["patches"]) == len(read_series())
+    assert len(ours["pedigree"]["patches"]) == len(read_series(get_line().series))
     stmt = json.loads((dist / "image" / f"{name}.provenance.json").read_text())
     assert stmt["subject"] == [
         {"name": built.ref, "digest": {"sha256": inv["image"]["config_digest"][7:]}}

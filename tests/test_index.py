@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, Fail, read_version, wheel_metadata
+from tpfix.common import Fail, read_version, wheel_metadata
 from tpfix.index import write_index
 
 VERSION = "0.0.1+tpfix.1"
@@ -303,6 +303,6 @@ def test_pip_resolves_the_built_wheel_from_its_index(built_wheel: Path, tmp_path
     again = _tree(dist / "simple")
     write_index(dist, [wheel])
     assert _tree(dist / "simple") == again
-    version = read_version(ROOT / "VERSION")
+    version = read_version()
     assert wheel.name.startswith(f"vllm-{version}-")
     check_pip_used_the_index(dist, wheel, version, tmp_path)

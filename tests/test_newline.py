@@ -3,10 +3,10 @@
 """The next release, prepared: python -m tpfix.maint.newline TAG.
 
 The v0.33.0 line is made again from the v0.27.1 line, in a copy of this
-repository without lines/v0.33.0/, as a maintainer would on the day of a
+repository without patches/v0.33.0/, as a maintainer would on the day of a
 release: its pins must equal the committed ones (same files, sha256, size,
 CUDA, the versions table's facts) and its classification the committed
-lines/v0.33.0/rebase.json.  The downloads are real (pip); the scenario checks
+patches/v0.33.0/rebase.json.  The downloads are real (pip); the scenario checks
 are the real replays.
 """
 
@@ -35,10 +35,10 @@ TAG = "v0.33.0"
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     copy = tmp_path_factory.mktemp("newline") / "repo"
-    for part in ("scripts", "pins", "patches", "lines"):
+    for part in ("scripts", "pins", "patches"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "VERSION", copy / "VERSION")
-    shutil.rmtree(copy / "lines" / TAG)
+    shutil.rmtree(copy / "patches" / TAG)
     # as on the day of a release: the FlashInfer the new tag pins has no pin yet
     fi = copy / "pins" / "flashinfer.toml"
     text = fi.read_text()
@@ -65,12 +65,12 @@ def _newline(copy: Path, *args: str) -> subprocess.CompletedProcess:
 def test_pins_equal_the_committed_ones(made):
     copy, _ = made
     committed = load_pins(get_line(TAG).pins)
-    ours = load_pins(copy / "lines" / TAG / "pins.toml")
+    ours = load_pins(copy / "patches" / TAG / "pins.toml")
     assert sorted((a for a in ours if a.role != "test"), key=str) == sorted(committed, key=str)
     # the FlashInfer the scenario checks import, pinned from the downloaded file
     fi = [a for a in load_pins(ROOT / "pins" / "flashinfer.toml") if a.version == "0.7.2.post1"]
     assert [a for a in ours if a.role == "test"] == fi
-    text = (copy / "lines" / TAG / "pins.toml").read_text()
+    text = (copy / "patches" / TAG / "pins.toml").read_text()
     assert tomllib.loads(text)["cuda"] == get_line(TAG).official_cuda()
     # the versions table's facts, from the downloaded wheels and sdist
     ours, theirs = tomllib.loads(text), tomllib.loads(get_line(TAG).pins.read_text())
@@ -81,7 +81,7 @@ def test_pins_equal_the_committed_ones(made):
 
 def test_classification_equals_the_committed_one(made):
     copy, proc = made
-    folder = copy / "lines" / TAG
+    folder = copy / "patches" / TAG
     ours = json.loads((folder / "rebase.json").read_text())
     committed = json.loads((get_line(TAG).patches / "rebase.json").read_text())
     assert ours == committed
@@ -106,22 +106,22 @@ def test_classification_equals_the_committed_one(made):
 
 def test_an_existing_line_is_refused_and_kept(made):
     copy, _ = made
-    before = sorted(p.name for p in (copy / "lines" / TAG).iterdir())
+    before = sorted(p.name for p in (copy / "patches" / TAG).iterdir())
     proc = _newline(copy, TAG)
     assert proc.returncode == 2
-    assert f"lines/{TAG} exists: the line is already there" in proc.stderr
-    assert sorted(p.name for p in (copy / "lines" / TAG).iterdir()) == before
+    assert f"patches/{TAG} exists: the line is already there" in proc.stderr
+    assert sorted(p.name for p in (copy / "patches" / TAG).iterdir()) == before
 
 
 def test_a_leftover_of_a_killed_run_and_the_default_line_are_refused(made, tmp_path):
     copy, _ = made
-    leftover = copy / "lines" / "v0.33.1"
+    leftover = copy / "patches" / "v0.33.1"
     leftover.mkdir()
     (leftover / "pins.toml").write_text("")
     proc = _newline(copy, "v0.33.1")
     assert proc.returncode == 2
-    assert "lines/v0.33.1 has no VERSION: it was left by an interrupted run" in proc.stderr
+    assert "patches/v0.33.1 has no VERSION: it was left by an interrupted run" in proc.stderr
     assert list(leftover.iterdir()) == [leftover / "pins.toml"]
     proc = _newline(copy, "v0.27.1")
     assert proc.returncode == 2
-    assert "v0.27.1 is the default line" in proc.stderr
+    assert "patches/v0.27.1 exists: the line is already there" in proc.stderr

@@ -128,8 +128,8 @@ def pinned_wheel(project: str, version: str) -> Path:
             ):
                 return fetch(art, pinfile)
     raise Fail(
-        f"the series re-pins {project}=={version} but pins/ has no pure-Python wheel "
-        f"pinned for it; add one (filename, size, sha256) to pins/*.toml or the line's pins.toml"
+        f"the series re-pins {project}=={version} but no pure-Python wheel is pinned for "
+        "it; add one (filename, size, sha256) to pins/flashinfer.toml or the line's pins.toml"
     )
 
 

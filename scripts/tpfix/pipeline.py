@@ -5,7 +5,7 @@
     ./build.sh                      # wheel for this machine's arch into dist/
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
     ./build.sh --dist DIR           # somewhere else than dist/
-    ./build.sh --line v0.33.0       # another release line (lines/v0.33.0/) into dist/v0.33.0/
+    ./build.sh --line v0.33.0       # another release line (patches/v0.33.0/) into dist/v0.33.0/
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
 
 Work happens under build/ (a fresh patched tree per run, logs) and a staging
@@ -114,7 +114,7 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=dist.parent))
     try:
         _step(f"patch: pristine {sdist.name} + {len(names)} patches (quilt)")
-        tree = prepare_tree(tree_parent / "vllm", series=line.series, patches=line.patches, tag=tag)
+        tree = prepare_tree(tree_parent / "vllm", line)
         _step(f"build: vllm {version} (setup.py, precompiled kernels)")
         t0 = time.monotonic()
         epoch = source_date_epoch(sdist)
@@ -130,7 +130,7 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
         )
         _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
         _step(f"verify against {official.name}")
-        problems = verify_wheel(wheel, official, tree, version, names, line.patches)
+        problems = verify_wheel(wheel, official, tree, version, line, names)
         if problems:
             raise Fail(
                 f"{wheel.name} differs from the official wheel beyond the series "

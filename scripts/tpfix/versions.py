@@ -5,9 +5,9 @@
     python -m tpfix.versions            # print the markdown table
     python -m tpfix.versions --readme   # write it into README.md (between the markers)
 
-One row per release line, the default first, then lines/<tag>/ by version
+One row per release line, the default first, then the others by version
 (common.line_names).  Every cell comes from the line's VERSION and pin file
-(pins/<tag>.toml, lines/<tag>/pins.toml):
+(patches/<tag>/VERSION, patches/<tag>/pins.toml):
 
   tag               the vLLM tag
   flashinfer        the flashinfer-python== the official wheels require

@@ -6,7 +6,7 @@
     python -m tpfix.maint.newline v0.34.0 --from v0.27.1  # from another line
     python -m tpfix.maint.newline v0.34.0 --no-checks     # textual classification only
 
-For a tag with no line yet it writes lines/TAG/:
+For a tag with no line yet it writes patches/TAG/ (the same shape as every line):
 
   pins.toml    the sdist and the official x86_64 and aarch64 wheels, pinned
                by the sha256 and size of the files pip downloaded (fetch.
@@ -20,7 +20,7 @@ For a tag with no line yet it writes lines/TAG/:
   series       the source line's series as rebase.py carries it onto TAG:
                absorbed patches dropped, patches that apply exactly or with
                changes (refreshed) carried; conflicting patches are left out
-               and listed, their diff3 merges in lines/TAG/conflicts/ for a
+               and listed, their diff3 merges in patches/TAG/conflicts/ for a
                maintainer to port (then add them to the series, delete
                conflicts/, and bump VERSION).
   VERSION      <TAG>+tpfix.<number of carried patches>
@@ -126,11 +126,9 @@ def _release_facts(sdist: Path, wheels: list[Path]) -> dict[str, str]:
 
 
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
-    """Write lines/TAG/ from `source`'s series (see the module docstring)."""
+    """Write patches/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
         raise Fail(f"{tag!r} is not a release tag like v0.34.0")
-    if tag == get_line().tag:
-        raise Fail(f"{tag} is the default line (VERSION, patches/): it has no lines/ folder")
     dest = LINES / tag
     if (dest / "VERSION").exists():
         raise Fail(f"{shown(dest)} exists: the line is already there")
@@ -156,14 +154,7 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             except Fail:
                 arts.append(pin_test_dep(*fi))  # the scenario checks need it
         (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda, facts))
-        report = rebase(
-            tag,
-            dest / ".rebase",
-            series=source.series,
-            patches=source.patches,
-            checks=None if checks else {},
-            from_tag=source.tag,
-        )
+        report = rebase(tag, dest / ".rebase", source, checks=None if checks else {})
         carried = report["carried"]
         for name in [*carried, "series"]:
             shutil.copyfile(dest / ".rebase" / "patches" / name, dest / name)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import Fail, cache_dir, cache_lock
+from tpfix.common import Fail, cache_dir, cache_lock, get_line
 from tpfix.fetch import fetch_test_dep
 from tpfix.patch import cached_tree
 from tpfix.patchfile import read_patch, read_series
@@ -47,13 +47,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tree_after(patch: str) -> Path:
-    return cached_tree(upto=patch)
+    return cached_tree(get_line(), upto=patch)
 
 
 def tree_before(patch: str) -> Path:
-    names = read_series()
+    names = read_series(get_line().series)
     i = names.index(patch)
-    return cached_tree(upto=names[i - 1] if i else "")
+    return cached_tree(get_line(), upto=names[i - 1] if i else "")
 
 
 def pinned_flashinfer(tree: Path) -> str:
