@@ -175,14 +175,14 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     proc = build("--line", "v0.40.0")
     assert proc.returncode == 2
     assert "patches/v0.40.0/pins.toml is missing: a line folder holds" in proc.stderr
-    # VERSION's patch level must count the series
-    n = len(read_series(repo / "patches" / "v0.27.1" / "series"))
-    (repo / "patches" / "v0.27.1" / "VERSION").write_text(f"0.27.1+tpfix.{n + 2}\n")
+    # VERSION's revision must be the newest of the line's CHANGELOG.md
+    (repo / "patches" / "v0.27.1" / "VERSION").write_text("0.27.1+tpfix.9\n")
     proc = build()
     assert proc.returncode == 2
     assert (
-        f"VERSION: 0.27.1+tpfix.{n + 2}, but patches/v0.27.1/series has {n} patches" in proc.stderr
-    )
+        "patches/v0.27.1/VERSION: 0.27.1+tpfix.9, but patches/v0.27.1/CHANGELOG.md's newest "
+        "entry is 0.27.1+tpfix.5; run: python -m tpfix.maint.revision bump v0.27.1"
+    ) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not dist.exists() or not any(dist.iterdir())
     assert not any(cache.glob("sha256/*/*")), "nothing is downloaded for a wrong line"

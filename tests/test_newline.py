@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, get_line, load_pins
+from tpfix.common import ROOT, Line, get_line, load_pins
+from tpfix.maint.revision import problems
 from tpfix.patchfile import read_series
 from tpfix.versions import WHEEL_FACTS
 
@@ -87,7 +88,8 @@ def test_classification_equals_the_committed_one(made):
     assert ours == committed
     carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
     assert (folder / "series").read_text().split() == carried
-    assert (folder / "VERSION").read_text() == f"{TAG[1:]}+tpfix.{len(carried)}\n"
+    assert (folder / "VERSION").read_text() == f"{TAG[1:]}+tpfix.1\n"  # its first revision
+    assert problems(Line.at(folder)) == []  # CHANGELOG.md's entry, with the fingerprint
     left = [n for n, s in ours["patches"].items() if s == "conflicts"]
     for name, status in ours["patches"].items():
         assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.common import (
-    LABEL,
     Fail,
     Line,
     add_sign_arg,
@@ -44,6 +43,7 @@ from tpfix.common import (
     sigterm_as_interrupt,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.maint.revision import bump_command, entries
 from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
 from tpfix.patchfile import read_series
@@ -95,10 +95,12 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
     version = read_version(line.version_file)
     tag = line.tag
     names = read_series(line.series)
-    if version.split("+")[1] != f"{LABEL}.{len(names)}":
+    newest = next(iter(entries(line)), ("none", ""))[0]
+    if newest != version:
+        # the revision is bumped with its changelog entry (tpfix.maint.revision)
         raise Fail(
-            f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
-            f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
+            f"{shown(line.version_file)}: {version}, but {shown(line.changelog)}'s newest "
+            f"entry is {newest}; run: {bump_command(line)}"
         )
     workdir.mkdir(parents=True, exist_ok=True)
     dist = dist.resolve()

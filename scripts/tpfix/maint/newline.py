@@ -22,8 +22,9 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
                changes (refreshed) carried; conflicting patches are left out
                and listed, their diff3 merges in patches/TAG/conflicts/ for a
                maintainer to port (then add them to the series, delete
-               conflicts/, and bump VERSION).
-  VERSION      <TAG>+tpfix.<number of carried patches>
+               conflicts/, and bump the revision: python -m tpfix.maint.revision bump TAG ...).
+  VERSION      <TAG>+tpfix.1: the line's first revision (tpfix.maint.revision)
+  CHANGELOG.md its entry, with the fingerprint of the series, patches and pins
   rebase.json  the classification it was made from: {patch: status}
 
 Nothing is left when the line already exists or a step fails (the folder is
@@ -56,6 +57,7 @@ from tpfix.common import (
 )
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
+from tpfix.maint.revision import fingerprint
 from tpfix.versions import WHEEL_FACTS, image_python, wheel_facts
 
 
@@ -168,8 +170,14 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
         (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (dest / "CHANGELOG.md").write_text(
+            f"# {tag} line: changelog\n\n## {tag[1:]}+{LABEL}.1\n\n"
+            f"fingerprint: sha256:{fingerprint(Line.at(dest))}\n\n"
+            f"First revision: the series of the {source.tag} line carried onto {tag} "
+            f"({len(carried)} patches).\n"
+        )
         # VERSION last: it makes the folder a line
-        (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.{len(carried)}\n")
+        (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.1\n")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
