@@ -36,8 +36,9 @@ import standin_image
 from packageurl import PackageURL
 
 from tpfix import image, sbom
-from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, read_version
-from tpfix.fetch import fetch_wheel
+from tpfix.build import source_date_epoch
+from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, image_tag, read_version
+from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.patchfile import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files
@@ -114,9 +115,9 @@ def fi_index(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def built(buildah, dist, base, fi_index, tmp_path_factory) -> image.Built:
     tmp = tmp_path_factory.mktemp("image")
-    ref = f"localhost/vllm-tpfix-test:{image.default_tag().split(':')[1]}"
+    ref = f"localhost/vllm-tpfix-test:{image_tag(read_version()).split(':')[1]}"
     b = image.build_image(
-        dist=dist,
+        image.release_in(dist, get_line()),
         base=base,
         tag=ref,
         flashinfer_index=fi_index,
@@ -259,7 +260,7 @@ def test_labels_and_config(buildah, built, base):
         assert ours.get(key) == theirs.get(key), key
     assert ours["Entrypoint"] == ["vllm", "serve"]
     labels = ours["Labels"]
-    names, series_sha = image.series_info()
+    names, series_sha = image.series_info(get_line())
     wheel, digest = image.find_wheel(built.dist)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True, capture_output=True
@@ -312,16 +313,15 @@ def line_image(buildah, line_build, tmp_path_factory):
     line, wheel = line_build
     base = standin_image.standin_base(buildah, line.tag)
     version = read_version(line.version_file)
-    ref = f"localhost/vllm-tpfix-test:{image.default_tag(version).split(':')[1]}"
+    ref = f"localhost/vllm-tpfix-test:{image_tag(version).split(':')[1]}"
     tmp = tmp_path_factory.mktemp("line-image")
     b = image.build_image(
-        dist=wheel.parent,
+        image.release_in(wheel.parent, line),
         base=base,
         tag=ref,
         archive_dir=tmp / "out",
         engine="buildah",
         ctx=tmp / "ctx",
-        line=line,
     )
     yield line, b, base
     subprocess.run([buildah, "rmi", ref], capture_output=True)
@@ -497,7 +497,7 @@ def test_context_holds_only_what_the_image_needs(dist, tmp_path):
     sums = (full / "SHA256SUMS").read_text().replace(hashlib.sha256(b"").hexdigest(), digest, 1)
     (full / "SHA256SUMS").write_text(sums)
     ctx = tmp_path / "ctx"
-    image.stage_context(full, ctx, host_arch())
+    image.stage_context(image.release_in(full, get_line()), ctx)
     staged = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
     repinned = sorted(str(p.relative_to(ctx)) for p in (ctx / "wheels").glob("*.whl"))
     assert repinned and all(p.startswith("wheels/flashinfer_python-") for p in repinned)
@@ -543,7 +543,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path,
     Both use SOURCE_DATE_EPOCH from the environment, one second after the
     default one the session's image used: so neither can reuse that image, and
     its top layer, whose only difference is every file's mtime, must differ."""
-    epoch = image.source_date_epoch() + 1
+    epoch = source_date_epoch(fetch_sdist(get_line().tag)) + 1
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(epoch))
     ref = "localhost/vllm-tpfix-test:reproducible"
     subprocess.run([buildah, "rmi", ref], capture_output=True)  # a killed run's
@@ -551,7 +551,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path,
     try:
         for n in (1, 2):
             b = image.build_image(
-                dist=dist,
+                image.release_in(dist, get_line()),
                 base=base,
                 tag=ref,
                 flashinfer_index=fi_index,
@@ -645,7 +645,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     dist = tmp_path / "dist"
     shutil.copytree(built.dist, dist, copy_function=os.link)
     b = dataclasses.replace(built, dist=dist, archive=None)
-    paths = image.describe_image(b, get_line(), base)
+    paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
     inv = image.image_inventory(built.engine, built.ref, base)
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [

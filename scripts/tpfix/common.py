@@ -157,12 +157,38 @@ class Line:
         """The build's default work folder: build/work (build/work-<tag>)."""
         return ROOT / "build" / ("work" if self.is_default else f"work-{self.tag}")
 
+    @property
+    def official_image(self) -> str:
+        """The official image of the line's tag: the default base of ours."""
+        return f"vllm/vllm-openai:{self.tag}"
+
     def official_cuda(self) -> str:
         """The CUDA version the official wheels of this tag were built for."""
         try:
             return tomllib.loads(self.pins.read_text())["cuda"]
         except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
             raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels') from None
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the build of a line computed, for the image stage: the line, its
+    version, the published wheel (in its dist folder) and the inputs it was
+    built from (the sdist, the official wheel of `arch`) with its epoch.
+    ./build.sh --image hands over its own (pipeline); python -m tpfix.image
+    reads dist/ once (image.release_in)."""
+
+    line: Line
+    version: str
+    wheel: Path
+    sdist: Path
+    official: Path
+    arch: str
+    epoch: int
+
+    @property
+    def dist(self) -> Path:
+        return self.wheel.parent
 
 
 def _tag_version(name: str) -> Version | None:
@@ -258,6 +284,11 @@ def read_version(path: Path | None = None) -> str:
     if not v.local or not v.local.startswith(f"{LABEL}."):
         raise Fail(f"{path}: {text!r} needs the local label +{LABEL}.<n>")
     return text
+
+
+def image_tag(version: str) -> str:
+    """Our image's default name for distribution version `version`."""
+    return f"vllm-openai:v{version.replace('+', '-')}"
 
 
 def sha256_file(path: Path) -> str:

@@ -33,6 +33,7 @@ from tpfix.build import build_wheel, source_date_epoch
 from tpfix.common import (
     Fail,
     Line,
+    Release,
     add_sign_arg,
     get_line,
     host_arch,
@@ -90,8 +91,9 @@ def check_tools() -> None:
         )
 
 
-def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Path:
-    """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
+def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Release:
+    """The whole build of `line`; the caller holds build_locks(workdir, dist).
+    Returns the published wheel with the facts of its build (for the image stage)."""
     version = read_version(line.version_file)
     tag = line.tag
     names = read_series(line.series)
@@ -145,7 +147,7 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(tree_parent, ignore_errors=True)
-    return final
+    return Release(line, version, final, sdist, official, arch, epoch)
 
 
 def main() -> None:
@@ -177,10 +179,10 @@ def main() -> None:
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        final = _run_locked(args.arch, args.dist, args.workdir, line, signer)
-        print(final, flush=True)
+        release = _run_locked(args.arch, args.dist, args.workdir, line, signer)
+        print(release.wheel, flush=True)
         if args.image:
-            image_from_args(args, args.dist)
+            image_from_args(args, release)
 
 
 if __name__ == "__main__":

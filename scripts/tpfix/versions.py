@@ -48,6 +48,7 @@ from tpfix.common import (
     Fail,
     Line,
     get_line,
+    image_tag,
     line_names,
     load_pins,
     main_wrapper,
@@ -159,8 +160,6 @@ def _braced(names: list[str]) -> str:
 
 
 def row(line: Line) -> list[str]:
-    from tpfix.image import default_base, default_tag
-
     data = pin_facts(line)
     version = _read_version(line.version_file)
     upstream = version.split("+")[0]
@@ -186,7 +185,7 @@ def row(line: Line) -> list[str]:
         data["cuda"],
         python,
         f"`{folder}/{_braced(wheels)}`",
-        f"`{default_tag(version)}` on `{default_base(line)}`",
+        f"`{image_tag(version)}` on `{line.official_image}`",
     ]
 
 
