@@ -286,6 +286,15 @@ def read_version(path: Path | None = None) -> str:
     return text
 
 
+def dist_state(dist: Path) -> Path:
+    """build/dists/<name>-<hash of its path>/: what builds keep about the output
+    folder `dist` (its lock, the image's build context and log), outside it,
+    so that dist/ (and dist/<tag>/ within it) holds published files only."""
+    dist = dist.resolve()
+    key = hashlib.sha256(str(dist).encode()).hexdigest()[:12]
+    return ROOT / "build" / "dists" / f"{dist.name}-{key}"
+
+
 def image_tag(version: str) -> str:
     """Our image's default name for distribution version `version`."""
     return f"vllm-openai:v{version.replace('+', '-')}"

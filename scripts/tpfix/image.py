@@ -54,6 +54,7 @@ from tpfix.common import (
     Line,
     Release,
     add_sign_arg,
+    dist_state,
     get_line,
     image_tag,
     line_names,
@@ -78,10 +79,9 @@ INSIDE = Path(__file__).with_name("image_inside.py")
 
 
 def context_dir(dist: Path) -> Path:
-    """The build context of the image made from `dist`: beside it, like its
-    staging folder, so that the dist lock (worklock) covers it too."""
-    dist = dist.resolve()
-    return dist.parent / f".{dist.name}-image" / "context"
+    """The build context of the image made from `dist`: under build/, beside
+    the dist lock that covers it (common.dist_state), never in dist/."""
+    return dist_state(dist) / "image" / "context"
 
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -12,8 +12,9 @@ Work happens under build/ (a fresh patched tree per run, logs) and a staging
 folder next to dist/; dist/ only ever receives a verified wheel.
 
 One build per folder: a run holds an exclusive lock on its work folder
-(`<workdir>/.lock`) and on its dist folder (`.<dist>.lock` beside it, as the
-staging folder is) from start to end, image stage included.  A second build
+(`<workdir>/.lock`) and on its dist folder (build/dists/<name>-<hash>/lock,
+common.dist_state: dist/ holds published files only) from start to end, image
+stage included.  A second build
 on either stops at once, naming the first (pid, start time, command line);
 it does not wait (why: tpfix/worklock.py).  What a killed run left behind
 (`<workdir>/tree.*`, `.<dist>-staging.*`) is removed only while holding both.

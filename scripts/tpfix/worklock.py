@@ -138,7 +138,9 @@ def workdir_lock(workdir: Path):
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
 ):
-    """The lock of an output folder: beside it, as its staging folder is, since
-    dist/ itself holds only the wheel and SHA256SUMS."""
+    """The lock of an output folder: under build/ (common.dist_state), since
+    dist/ holds only published files."""
+    from tpfix.common import dist_state
+
     dist = dist.resolve()
-    return hold(dist.parent / f".{dist.name}.lock", f"dist folder {dist}", fix)
+    return hold(dist_state(dist) / "lock", f"dist folder {dist}", fix)
