@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import ROOT, cache_dir, get_line, sdist_pin
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 FAKE_SHA = "0" * 64
 

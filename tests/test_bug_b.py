@@ -42,7 +42,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from tpfix.common import get_line
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
 from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
 

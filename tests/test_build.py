@@ -19,7 +19,7 @@ from conftest import run_build_sh
 from tpfix.common import get_line, read_version, wheel_pin
 from tpfix.fetch import fetch_wheel
 from tpfix.patch import cached_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files, verify_wheel
 

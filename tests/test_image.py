@@ -39,7 +39,7 @@ from tpfix import image, sbom
 from tpfix.build import source_date_epoch
 from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, image_tag, read_version
 from tpfix.fetch import fetch_sdist, fetch_wheel
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files
 

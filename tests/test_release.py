@@ -54,7 +54,7 @@ from tpfix.common import (
     sdist_pin,
     wheel_pin,
 )
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
 
@@ -146,7 +146,7 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
 
 
 def _trailers(path: Path):
-    from tpfix.patchfile import read_patch
+    from tpfix.patch_format import read_patch
 
     return read_patch(path).header.trailers
 

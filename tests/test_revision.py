@@ -17,7 +17,7 @@ import pytest
 
 from tpfix.common import Line, get_line, line_names
 from tpfix.maint.revision import bump, entries, fingerprint, problems
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 
 @pytest.mark.parametrize("name", line_names())

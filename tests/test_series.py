@@ -22,7 +22,7 @@ from tpfix.common import (
     wheel_pin,
 )
 from tpfix.maint.series import check
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 from tpfix.replay.harness import patch_checks, tree_after
 from tpfix.verify import touched_files
 

@@ -49,7 +49,7 @@ from tpfix.maint.export import (
 )
 from tpfix.maint.rebase import Trees, classify, format_table, rebase
 from tpfix.patch import cached_tree, pristine_tree
-from tpfix.patchfile import read_patch, read_series, split
+from tpfix.patch_format import read_patch, read_series, split
 from tpfix.quilt import Quilt
 from tpfix.replay.harness import Check, patch_checks, run_check, run_scenario, run_vllm_tests
 
@@ -170,7 +170,7 @@ def test_report_covers_the_series_in_order(report):
 
 def test_committed_classification_is_the_reports(report):
     """patches/v0.33.0/rebase.json is what rebase.py reports now, in the format
-    python -m tpfix.maint.newline writes."""
+    python -m tpfix.maint.start_line writes."""
     committed = json.loads((PORT / "rebase.json").read_text())
     assert committed == {
         "from": "v0.27.1",

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import get_line
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
 
 PATCHES = get_line().patches

@@ -119,7 +119,7 @@ class Line:
 
     Every line is one folder, patches/<tag>/, holding data only (the tooling is
     shared): series and its patches, pins.toml, VERSION (<upstream>+tpfix.<n>),
-    CHANGELOG.md, advisories.toml and, for a line made by maint.newline,
+    CHANGELOG.md, advisories.toml and, for a line made by maint.start_line,
     rebase.json.  The default line is named by the top-level VERSION (its tag).
     """
 

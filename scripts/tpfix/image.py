@@ -71,7 +71,7 @@ from tpfix.common import (
     wheel_metadata,
 )
 from tpfix.package import add_to_dist, find_wheel, wheel_entry
-from tpfix.patchfile import read_series, series_digest
+from tpfix.patch_format import read_series, series_digest
 from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -146,7 +146,7 @@ def pinned_wheel(project: str, version: str) -> Path:
 
 
 def series_info(line: Line) -> tuple[list[str], str]:
-    """Names in the line's series, and its digest (patchfile.series_digest)."""
+    """Names in the line's series, and its digest (patch_format.series_digest)."""
     names = read_series(line.series)
     return names, series_digest(names, line.patches)
 

@@ -33,7 +33,7 @@ from tpfix.common import (
     main_wrapper,
     sdist_pin,
 )
-from tpfix.patchfile import read_series, series_digest
+from tpfix.patch_format import read_series, series_digest
 from tpfix.quilt import Quilt
 
 
@@ -104,7 +104,7 @@ def prepare_tree(
 
 def series_key(names: list[str], line: Line) -> str:
     """A content key for pristine `line.tag`+`names`: changes when any of them
-    changes (the sdist's sha256 and the series digest, patchfile.series_digest)."""
+    changes (the sdist's sha256 and the series digest, patch_format.series_digest)."""
     key = f"{sdist_pin(line.tag).sha256}\0{series_digest(names, line.patches)}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -48,7 +48,7 @@ from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.maint.revision import bump_command, entries
 from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.verify import verify_wheel
 from tpfix.worklock import dist_lock, workdir_lock
 

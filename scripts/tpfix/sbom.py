@@ -62,7 +62,7 @@ from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
 from tpfix.common import Fail, Line, main_wrapper, sha256_file, wheel_message
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 from tpfix.triage import load_triage
 
 SCHEMA = SchemaVersion.V1_6

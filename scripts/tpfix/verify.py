@@ -23,7 +23,7 @@ from email.parser import Parser
 from pathlib import Path
 
 from tpfix.common import Fail, Line, main_wrapper
-from tpfix.patchfile import diff_files, read_series
+from tpfix.patch_format import diff_files, read_series
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 

@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from tpfix.common import get_line
-    from tpfix.patchfile import read_series
+    from tpfix.patch_format import read_series
     from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
     trees = {

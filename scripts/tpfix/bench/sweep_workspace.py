@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="only the first N configurations")
     args = ap.parse_args()
     from tpfix.common import get_line
-    from tpfix.patchfile import read_series
+    from tpfix.patch_format import read_series
     from tpfix.replay.harness import tree_after, tree_before
 
     cfgs = configs()[: args.limit]

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from tpfix.common import ROOT, Fail, Line, cache_dir, get_line, line_names, main_wrapper, sdist_pin
 from tpfix.patch import cached_tree, pristine_tree
-from tpfix.patchfile import Header, diff_files, parse_header, read_series, split
+from tpfix.patch_format import Header, diff_files, parse_header, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
 
 # Upstream exports come from the newest release line.
@@ -108,7 +108,7 @@ def _distro_only(key: str) -> bool:
 
 
 def mail_of(header: Header, name: str = "?") -> Mail:
-    """The commit of a patch header (patchfile.parse_header): From:, Date:,
+    """The commit of a patch header (patch_format.parse_header): From:, Date:,
     Subject: without its [PATCH] tag, the body, the trailers vLLM takes."""
     for key in ("from", "subject"):
         if header.mail_field(key) is None:

@@ -32,7 +32,7 @@ class, in the order they are decided:
 
 OUT/report.json holds the same as the printed table, machine-readable;
 OUT/patches/series + patches are the series as carried (a starting point for
-patches/TAG/, the reviewed forward port: python -m tpfix.maint.newline).  Exit status 0 when a
+patches/TAG/, the reviewed forward port: python -m tpfix.maint.start_line).  Exit status 0 when a
 report was written, whatever the classes; 2 on errors (bad pin, failed fetch).
 """
 
@@ -58,7 +58,7 @@ from tpfix.common import (
     shown,
 )
 from tpfix.patch import cached_tree, pristine_tree
-from tpfix.patchfile import HUNK, diff_files, parse_diff, read_series, split, write_series
+from tpfix.patch_format import HUNK, diff_files, parse_diff, read_series, split, write_series
 from tpfix.quilt import Quilt, offsets, require
 from tpfix.replay.harness import Check, patch_checks, run_check
 

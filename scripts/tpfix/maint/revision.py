@@ -42,7 +42,7 @@ from tpfix.common import (
     shown,
     write_atomic,
 )
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 ENTRY = re.compile(r"^## (\S+)[ \t]*$", re.M)
 FINGERPRINT = re.compile(r"^fingerprint: sha256:([0-9a-f]{64})[ \t]*$", re.M)

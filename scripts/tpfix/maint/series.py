@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tpfix.common import ROOT, Fail, Line, get_line, main_wrapper, run, shown
 from tpfix.patch import prepare_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.quilt import Quilt, require
 
 DEV = ROOT / "build" / "dev"

@@ -39,7 +39,7 @@ from pathlib import Path
 from tpfix.common import Fail, cache_dir, cache_lock, get_line
 from tpfix.fetch import fetch_test_dep
 from tpfix.patch import cached_tree
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 
 # The folder that holds the tpfix package: scenario interpreters import the
 # replays (tpfix.replay.<module>) and the CPU stand-ins from it.

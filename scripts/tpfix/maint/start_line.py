@@ -2,16 +2,16 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Prepare the release line of a new upstream tag: pins, carried series, VERSION.
 
-    python -m tpfix.maint.newline v0.34.0                 # from the newest line
-    python -m tpfix.maint.newline v0.34.0 --from v0.27.1  # from another line
-    python -m tpfix.maint.newline v0.34.0 --no-checks     # textual classification only
+    python -m tpfix.maint.start_line v0.34.0                 # from the newest line
+    python -m tpfix.maint.start_line v0.34.0 --from v0.27.1  # from another line
+    python -m tpfix.maint.start_line v0.34.0 --no-checks     # textual classification only
 
 For a tag with no line yet it writes patches/TAG/ (the same shape as every line):
 
   pins.toml    the sdist and the official x86_64 and aarch64 wheels, pinned
                by the sha256 and size of the files pip downloaded (fetch.
                pin_release; `cuda` read from the wheel's METADATA extras),
-               and the facts the versions table shows (tpfix.versions):
+               and the facts the versions table shows (tpfix.support_matrix):
                `requires-python`, `torch`, `flashinfer` from the wheels'
                METADATA (both wheels must agree), `image-python` from the
                sdist's docker/Dockerfile.  A patch of the series that re-pins
@@ -58,20 +58,20 @@ from tpfix.common import (
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.maint.revision import fingerprint
-from tpfix.versions import WHEEL_FACTS, image_python, wheel_facts
+from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
 
 
 def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
     out = [
         f"# Upstream artifacts of vLLM {tag}: sha256 and size of the files pip",
-        "# downloaded (python -m tpfix.maint.newline).  Review before commit: a",
+        "# downloaded (python -m tpfix.maint.start_line).  Review before commit: a",
         "# hash here is a reviewed fact about the release; never edit one to make",
         "# a run pass.",
         "",
         f'tag = "{tag}"',
         "# CUDA of the official wheels (from the extras their METADATA keeps)",
         f'cuda = "{cuda}"',
-        "# What the official wheels' METADATA requires (tpfix.versions.wheel_facts)",
+        "# What the official wheels' METADATA requires (tpfix.support_matrix.wheel_facts)",
         *(f'{k} = "{facts[k]}"' for k in WHEEL_FACTS),
     ]
     if facts.get("image-python"):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The one patch-file parser, series reader/writer and quilt wrapper, on small
-inline patches (tpfix.patchfile, tpfix.quilt), and the scenario fields of
+inline patches (tpfix.patch_format, tpfix.quilt), and the scenario fields of
 patch headers (tpfix.replay.harness.scenario_check, replay verdicts)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import Fail
-from tpfix.patchfile import (
+from tpfix.patch_format import (
     Patch,
     parse_diff,
     parse_header,

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The versions table of the release lines, generated from their pins.
 
-    python -m tpfix.versions            # print the markdown table
-    python -m tpfix.versions --readme   # write it into README.md (between the markers)
+    python -m tpfix.support_matrix            # print the markdown table
+    python -m tpfix.support_matrix --readme   # write it into README.md (between the markers)
 
 One row per release line, the default first, then the others by version
 (common.line_names).  Every cell comes from the line's VERSION and pin file
@@ -23,7 +23,7 @@ One row per release line, the default first, then the others by version
 
 flashinfer, torch and requires-python are facts of the official wheels'
 METADATA (wheel_facts reads them), image-python of the sdist (image_python);
-maint/newline.py writes all four for a new line, tests/test_versions.py checks
+maint/start_line.py writes all four for a new line, tests/test_support_matrix.py checks
 them against the official files.  flashinfer-repinned is the series' fact: a
 maintainer adds it with the patch that re-pins (the fast test checks it is
 the version the series writes into requirements/cuda.txt).
@@ -133,7 +133,7 @@ def pin_facts(line: Line) -> dict:
         if not isinstance(data.get(key), str):
             raise Fail(
                 f'{shown(line.pins)}: no `{key} = "..."`; read it from the official '
-                "wheel's METADATA (python -m tpfix.versions documents the keys)"
+                "wheel's METADATA (python -m tpfix.support_matrix documents the keys)"
             )
     return data
 
