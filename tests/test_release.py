@@ -194,7 +194,8 @@ def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     bd = stmt["predicate"]["buildDefinition"]
     line = get_line()
     want = {sdist.name: _sha(sdist), official.name: _sha(official)}
-    want.update({f"patches/{n}": _sha(line.patches / n) for n in read_series(line.series)})
+    names = read_series(line.series)
+    want.update({f"patches/{line.tag}/{n}": _sha(line.patches / n) for n in names})
     assert {d["name"]: d["digest"]["sha256"] for d in bd["resolvedDependencies"]} == want
     assert bd["externalParameters"]["line"] == line.tag
     assert bd["externalParameters"]["version"] == read_version()
@@ -530,7 +531,7 @@ def _triaged_line(tmp: Path, text: str):
     repo = tmp / "repo"
     line = get_line()
     folder = repo / "patches" / line.tag
-    shutil.copytree(line.patches, folder)
+    shutil.copytree(line.patches, folder, dirs_exist_ok=True)
     (folder / "advisories.toml").write_text(text)
     return type(line).at(folder)
 
