@@ -94,13 +94,19 @@ class Artifact:
         return self.filename.endswith((".tar.gz", ".zip"))
 
 
-def load_pins(path: Path) -> list[Artifact]:
+def read_pin_file(path: Path) -> dict:
+    """A pin file's TOML: the one reader of pin files (load_pins, a line's
+    `cuda`, the support matrix's facts)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise Fail(f"{path}: pin file missing") from None
     except tomllib.TOMLDecodeError as e:
         raise Fail(f"{path}: not valid TOML ({e})") from None
+
+
+def load_pins(path: Path) -> list[Artifact]:
+    data = read_pin_file(path)
     arts = []
     for i, entry in enumerate(data.get("artifact", [])):
         try:
@@ -164,10 +170,10 @@ class Line:
 
     def official_cuda(self) -> str:
         """The CUDA version the official wheels of this tag were built for."""
-        try:
-            return tomllib.loads(self.pins.read_text())["cuda"]
-        except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
-            raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels') from None
+        cuda = read_pin_file(self.pins).get("cuda")
+        if not isinstance(cuda, str):
+            raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels')
+        return cuda
 
 
 @dataclass(frozen=True)

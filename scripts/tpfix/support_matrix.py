@@ -35,7 +35,6 @@ import argparse
 import os
 import re
 import tarfile
-import tomllib
 from email.parser import Parser
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from tpfix.common import (
     line_names,
     load_pins,
     main_wrapper,
+    read_pin_file,
     shown,
     wheel_metadata,
 )
@@ -125,10 +125,7 @@ def image_python(sdist: Path) -> str | None:
 
 def pin_facts(line: Line) -> dict:
     """The line's pin file, with every key the table needs checked."""
-    try:
-        data = tomllib.loads(line.pins.read_text())
-    except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
-        raise Fail(f"{shown(line.pins)}: cannot read ({e})") from None
+    data = read_pin_file(line.pins)
     for key in ("tag", "cuda", *WHEEL_FACTS):
         if not isinstance(data.get(key), str):
             raise Fail(
