@@ -4,7 +4,7 @@
 # Build the patched vLLM wheel into dist/:
 #   fetch -> verify -> patch -> build -> verify -> package   (scripts/tpfix/pipeline.py)
 # Options: --arch x86_64|aarch64, --dist DIR (see scripts/tpfix/pipeline.py);
-# --line TAG: another release line (lines/TAG/); --image: then the container image
+# --line TAG: another release line (patches/TAG/); --image: then the container image
 # from that wheel (Dockerfile, scripts/tpfix/image.py).
 set -euo pipefail
 cd "$(dirname "$0")"

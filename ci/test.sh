@@ -39,7 +39,7 @@ fi
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt ci/requirements-test.txt
-"$VENV_PY" -m tpfix.replay.deps
+"$VENV_PY" -m tpfix.replay.install_requirements
 
 echo "==> lint: ruff (scripts, tests), shellcheck"
 "$VENV_PY" -m ruff check scripts tests

@@ -138,10 +138,10 @@ def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
         # flashinfer-jit-cache, so the stand-in holds flashinfer-python only,
         # at the release the tag's requirements/cuda.txt pins.
         line = get_line(tag)
-        pristine = cached_tree("", line.tag, line.series, line.patches)
+        pristine = cached_tree(line, "")
         fi = fetch_test_dep("flashinfer-python", pinned_flashinfer(pristine))
         return [fetch_wheel(host_arch(), tag), fi]
-    official = fetch_wheel(host_arch())
+    official = fetch_wheel(host_arch(), get_line().tag)
     fi = fetch_test_dep("flashinfer-python", FI_OLD)
     made = [
         fake_wheel("flashinfer-cubin", FI_OLD, ctx),

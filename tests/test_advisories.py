@@ -33,7 +33,7 @@ from test_release import _check_sums, _publish_small, _sums
 
 from tpfix import advisories, sbom, triage
 from tpfix.common import ROOT, Fail, get_line, line_names, read_version
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 ADVISORY = {
     "id": "GHSA-tpfx-test-0001",
@@ -159,10 +159,11 @@ def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
 def _triaged_line(tmp: Path, text: str):
     """The default line's series, with an advisories.toml of `text`."""
     repo = tmp / "repo"
-    shutil.copytree(ROOT / "patches", repo / "patches", dirs_exist_ok=True)
-    (repo / "patches" / "advisories.toml").write_text(text)
     line = get_line()
-    return type(line)(line.version_file, line.pins, repo / "patches")
+    folder = repo / "patches" / line.tag
+    shutil.copytree(line.patches, folder, dirs_exist_ok=True)
+    (folder / "advisories.toml").write_text(text)
+    return type(line).at(folder)
 
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch

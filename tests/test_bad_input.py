@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, cache_dir, sdist_pin
-from tpfix.patchfile import read_series
+from tpfix.common import ROOT, cache_dir, get_line, sdist_pin
+from tpfix.patch_format import read_series
 
 FAKE_SHA = "0" * 64
 
@@ -29,7 +29,7 @@ FAKE_SHA = "0" * 64
 def repo(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     copy.mkdir()
-    for part in ("scripts", "pins", "patches", "lines", "ci"):
+    for part in ("scripts", "pins", "patches", "ci"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("VERSION", "build.sh"):
         shutil.copy2(ROOT / f, copy / f)
@@ -52,7 +52,7 @@ def _run(repo: Path, *args: str, env: dict | None = None, cache: Path | None = N
 
 
 def _set_sdist_sha(repo: Path, sha: str) -> None:
-    pins = repo / "pins" / "v0.27.1.toml"
+    pins = repo / "patches" / "v0.27.1" / "pins.toml"
     pins.write_text(pins.read_text().replace(sdist_pin().sha256, sha))
 
 
@@ -83,7 +83,10 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     good = cache_dir() / "sha256" / pin.sha256 / pin.filename
     entry.write_bytes(good.read_bytes()[: pin.size // 3])
     proc = _run(
-        repo, "-c", "from tpfix.fetch import fetch_sdist; print(fetch_sdist())", cache=cache
+        repo,
+        "-c",
+        "from tpfix.fetch import fetch_sdist; print(fetch_sdist('v0.27.1'))",
+        cache=cache,
     )
     assert proc.returncode == 0, proc.stderr
     assert "truncated or interrupted download" in proc.stderr
@@ -106,7 +109,7 @@ def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
 
 @pytest.mark.slow  # asks the package index
 def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
-    pins = repo / "pins" / "v0.27.1.toml"
+    pins = repo / "patches" / "v0.27.1" / "pins.toml"
     pins.write_text(
         pins.read_text().replace(
             'version = "0.27.1"\nrole = "sdist"', 'version = "0.27.99"\nrole = "sdist"'
@@ -118,8 +121,8 @@ def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
 
 
 def _break_patch(repo: Path, how: str) -> str:
-    name = read_series()[0]
-    p = repo / "patches" / name
+    name = read_series(get_line().series)[0]
+    p = repo / "patches" / get_line().tag / name
     text = p.read_text()
     if how == "conflict":
         text = text.replace(
@@ -139,7 +142,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
     dest = tmp_path / "out" / "tree"
     proc = _run(repo, "-m", "tpfix.patch", str(dest))
     assert proc.returncode == 2, proc.stderr
-    assert f"patches/{name}" in proc.stderr
+    assert f"patches/v0.27.1/{name}" in proc.stderr
     assert "docker/Dockerfile" in proc.stderr
     assert ("offset" in proc.stderr) == (how == "offset")
     assert not dest.exists()
@@ -162,22 +165,24 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     proc = build("--line", "v9.9.9")
     assert proc.returncode == 2 and "invalid choice: 'v9.9.9'" in proc.stderr
     # a line folder whose VERSION names another tag (a copy started by hand)
-    bad = repo / "lines" / "v0.40.0"
-    shutil.copytree(repo / "lines" / "v0.33.0", bad)
+    bad = repo / "patches" / "v0.40.0"
+    shutil.copytree(repo / "patches" / "v0.33.0", bad)
     proc = build("--line", "v0.40.0")
     assert proc.returncode == 2
-    assert "lines/v0.40.0/VERSION: names v0.33.0, not the folder's tag v0.40.0" in proc.stderr
+    assert "patches/v0.40.0/VERSION: names v0.33.0, not the folder's tag v0.40.0" in proc.stderr
     (bad / "VERSION").write_text("0.40.0+tpfix.2\n")
     (bad / "pins.toml").unlink()
     proc = build("--line", "v0.40.0")
     assert proc.returncode == 2
-    assert "lines/v0.40.0/pins.toml is missing: a line folder holds" in proc.stderr
-    # VERSION's patch level must count the series
-    n = len(read_series(repo / "patches" / "series"))
-    (repo / "VERSION").write_text(f"0.27.1+tpfix.{n + 2}\n")
+    assert "patches/v0.40.0/pins.toml is missing: a line folder holds" in proc.stderr
+    # VERSION's revision must be the newest of the line's CHANGELOG.md
+    (repo / "patches" / "v0.27.1" / "VERSION").write_text("0.27.1+tpfix.9\n")
     proc = build()
     assert proc.returncode == 2
-    assert f"VERSION: 0.27.1+tpfix.{n + 2}, but patches/series has {n} patches" in proc.stderr
+    assert (
+        "patches/v0.27.1/VERSION: 0.27.1+tpfix.9, but patches/v0.27.1/CHANGELOG.md's newest "
+        "entry is 0.27.1+tpfix.5; run: python -m tpfix.maint.revision bump v0.27.1"
+    ) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not dist.exists() or not any(dist.iterdir())
     assert not any(cache.glob("sha256/*/*")), "nothing is downloaded for a wrong line"
@@ -193,7 +198,7 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     ],
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
-    (repo / "VERSION").write_text(text + "\n")
+    (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
     code = "from tpfix import common; common.main_wrapper(common.read_version)"
     proc = _run(repo, "-c", code)
     assert proc.returncode == 2

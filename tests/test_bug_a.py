@@ -41,12 +41,13 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import PATCHES
-from tpfix.patchfile import read_series
+from tpfix.common import get_line
+from tpfix.patch_format import read_series
 from tpfix.replay import bug_a
 from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
 
-SERIES = read_series()
+PATCHES = get_line().patches
+SERIES = read_series(get_line().series)
 
 
 def _patch(number: str) -> str:

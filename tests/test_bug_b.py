@@ -42,8 +42,8 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from tpfix.common import PATCHES
-from tpfix.patchfile import read_series
+from tpfix.common import get_line
+from tpfix.patch_format import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
 from tpfix.replay.harness import (
     patch_checks,
@@ -52,6 +52,8 @@ from tpfix.replay.harness import (
     tree_after,
     tree_before,
 )
+
+PATCHES = get_line().patches
 
 PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
 GRANULARITIES = {"1 B": 1, "2 MiB": MIB2}
@@ -333,7 +335,7 @@ def test_standalone_narrower_input_fits():
     budget at the first (5120-wide) input, whose two-shot room (1146880 B)
     holds that one-shot: the failure starts with 0002's plan for 16 tokens."""
     trees = {
-        "pristine": tree_after(read_series()[0]),  # v0.27.1 + 0001 (FlashInfer)
+        "pristine": tree_after(read_series(get_line().series)[0]),  # v0.27.1 + 0001 (FlashInfer)
         "before": tree_before(PATCH),
         "after": tree_after(PATCH),
     }

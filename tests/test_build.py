@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import run_build_sh
 
-from tpfix.common import read_version, wheel_pin
+from tpfix.common import get_line, read_version, wheel_pin
 from tpfix.fetch import fetch_wheel
 from tpfix.patch import cached_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files, verify_wheel
 
@@ -34,7 +34,7 @@ def built(built_wheel: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def official() -> Path:
-    return fetch_wheel(_arch())
+    return fetch_wheel(_arch(), get_line().tag)
 
 
 def _arch() -> str:
@@ -89,11 +89,11 @@ def _walk(built: Path, official: Path, touched: set[str], tree: Path, min_binari
 
 
 def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
-    tree = tree_after(read_series()[-1])
+    tree = tree_after(read_series(get_line().series)[-1])
     version = read_version()
-    meta = _walk(built, official, touched_files(), tree, 17)
+    meta = _walk(built, official, touched_files(get_line()), tree, 17)
     assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
-    assert verify_wheel(built, official, tree, version) == []
+    assert verify_wheel(built, official, tree, version, get_line()) == []
 
 
 def test_verify_rejects_changed_binary_and_unexpected_file(
@@ -110,8 +110,8 @@ def test_verify_rejects_changed_binary_and_unexpected_file(
         z.writestr(so, bytes(data))
         z.writestr("vllm/unexpected.py", "x = 1\n")
         z.writestr("vllm/__init__.py", "# changed outside the series\n")
-    tree = tree_after(read_series()[-1])
-    problems = verify_wheel(tampered, official, tree, read_version())
+    tree = tree_after(read_series(get_line().series)[-1])
+    problems = verify_wheel(tampered, official, tree, read_version(), get_line())
     assert f"{so}: compiled binary differs from the official wheel" in problems
     assert "vllm/unexpected.py: in the built wheel only" in problems
     assert "vllm/__init__.py: file differs from the official wheel" in problems
@@ -125,7 +125,7 @@ def test_two_builds_are_byte_identical(built: Path, tmp_path: Path):
     assert (again.parent / "SHA256SUMS").read_bytes() == (built.parent / "SHA256SUMS").read_bytes()
 
 
-# -- the other release lines (lines/TAG/), built with ./build.sh --line TAG -----------
+# -- the other release lines (patches/TAG/), built with ./build.sh --line TAG -----------
 
 
 def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
@@ -134,15 +134,15 @@ def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
     names = read_series(line.series)
     official = fetch_wheel(_arch(), line.tag)
     assert built.name == official.name.replace(official.name.split("-")[1], version)
-    touched = touched_files(names, line.patches)
-    tree = cached_tree(None, line.tag, line.series, line.patches)
+    touched = touched_files(line, names)
+    tree = cached_tree(line)
     ours = _walk(built, official, touched, tree, 10)  # v0.33.0: 13 (Rust frontend, kernels)
     public = version.split("+")[0]
     with zipfile.ZipFile(official) as o:
         theirs = o.read(f"vllm-{public}.dist-info/METADATA").decode()
     # this line re-pins nothing: the metadata differs in the version only
     assert ours == theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
-    assert verify_wheel(built, official, tree, version, names, line.patches) == []
+    assert verify_wheel(built, official, tree, version, line, names) == []
     assert f"{_sha(built)}  {built.name}\n" in (built.parent / "SHA256SUMS").read_text()
 
 

@@ -36,9 +36,10 @@ import standin_image
 from packageurl import PackageURL
 
 from tpfix import image, sbom
-from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, read_version
-from tpfix.fetch import fetch_wheel
-from tpfix.patchfile import read_series
+from tpfix.build import source_date_epoch
+from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, image_tag, read_version
+from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.verify import touched_files
 
@@ -114,9 +115,9 @@ def fi_index(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def built(buildah, dist, base, fi_index, tmp_path_factory) -> image.Built:
     tmp = tmp_path_factory.mktemp("image")
-    ref = f"localhost/vllm-tpfix-test:{image.default_tag().split(':')[1]}"
+    ref = f"localhost/vllm-tpfix-test:{image_tag(read_version()).split(':')[1]}"
     b = image.build_image(
-        dist=dist,
+        image.release_in(dist, get_line()),
         base=base,
         tag=ref,
         flashinfer_index=fi_index,
@@ -188,13 +189,13 @@ def test_installed_vllm_is_ours(rootfs):
 
 def test_patched_files_match_tree_and_the_rest_is_official(rootfs):
     site = _site(rootfs)
-    tree = tree_after(read_series()[-1])
-    patched = {f for f in touched_files() if f.startswith("vllm/")}
+    tree = tree_after(read_series(get_line().series)[-1])
+    patched = {f for f in touched_files(get_line()) if f.startswith("vllm/")}
     assert patched, "the series touches no file under vllm/"
     for rel in patched:
         assert (site / rel).read_bytes() == (tree / rel).read_bytes(), rel
     checked = 0
-    with zipfile.ZipFile(fetch_wheel(host_arch())) as z:
+    with zipfile.ZipFile(fetch_wheel(host_arch(), get_line().tag)) as z:
         for info in z.infolist():
             name = info.filename
             if ".dist-info/" in name or name in patched or name == "vllm/_version.py":
@@ -259,7 +260,7 @@ def test_labels_and_config(buildah, built, base):
         assert ours.get(key) == theirs.get(key), key
     assert ours["Entrypoint"] == ["vllm", "serve"]
     labels = ours["Labels"]
-    names, series_sha = image.series_info()
+    names, series_sha = image.series_info(get_line())
     wheel, digest = image.find_wheel(built.dist)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True, capture_output=True
@@ -268,7 +269,7 @@ def test_labels_and_config(buildah, built, base):
     assert labels["org.opencontainers.image.revision"].startswith(head)
     assert labels["org.opencontainers.image.base.name"] == base
     assert labels["tpfix.upstream.tag"] == TAG
-    assert labels["tpfix.series"] == " ".join(read_series()) == " ".join(names)
+    assert labels["tpfix.series"] == " ".join(read_series(get_line().series)) == " ".join(names)
     assert labels["tpfix.series.sha256"] == series_sha
     assert labels["tpfix.wheel.sha256"] == digest
     for key, value in theirs["Labels"].items():  # the base's own labels stay
@@ -288,7 +289,7 @@ def test_one_small_layer_holding_only_the_difference(buildah, built, base):
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
             names = [m.name for m in layer.getmembers() if not m.isdir()]
     version = read_version()
-    patched = {f for f in touched_files() if f.startswith("vllm/")} | {"vllm/_version.py"}
+    patched = {f for f in touched_files(get_line()) if f.startswith("vllm/")} | {"vllm/_version.py"}
     allowed = re.compile(
         r"^usr/local/lib/python3[^/]*/dist-packages/("
         + "|".join(re.escape(p) for p in sorted(patched))
@@ -312,16 +313,15 @@ def line_image(buildah, line_build, tmp_path_factory):
     line, wheel = line_build
     base = standin_image.standin_base(buildah, line.tag)
     version = read_version(line.version_file)
-    ref = f"localhost/vllm-tpfix-test:{image.default_tag(version).split(':')[1]}"
+    ref = f"localhost/vllm-tpfix-test:{image_tag(version).split(':')[1]}"
     tmp = tmp_path_factory.mktemp("line-image")
     b = image.build_image(
-        dist=wheel.parent,
+        image.release_in(wheel.parent, line),
         base=base,
         tag=ref,
         archive_dir=tmp / "out",
         engine="buildah",
         ctx=tmp / "ctx",
-        line=line,
     )
     yield line, b, base
     subprocess.run([buildah, "rmi", ref], capture_output=True)
@@ -352,7 +352,7 @@ def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
             names = [m.name for m in layer.getmembers() if not m.isdir()]
     names_of_line = read_series(line.series)
-    patched = {f for f in touched_files(names_of_line, line.patches) if f.startswith("vllm/")}
+    patched = {f for f in touched_files(line, names_of_line) if f.startswith("vllm/")}
     allowed = re.compile(
         r"^usr/local/lib/python3[^/]*/dist-packages/("
         + "|".join(re.escape(p) for p in sorted(patched | {"vllm/_version.py"}))
@@ -415,7 +415,9 @@ def test_flashinfer_index_required_when_base_ships_cubin(buildah, base, built, t
 
 def test_repins_are_what_the_series_changes(dist):
     wheel, _ = image.find_wheel(dist)
-    assert ("flashinfer-python", "0.6.16.post4") in image.repins(wheel, fetch_wheel(host_arch()))
+    assert ("flashinfer-python", "0.6.16.post4") in image.repins(
+        wheel, fetch_wheel(host_arch(), get_line().tag)
+    )
 
 
 def test_build_sh_has_the_image_option():
@@ -495,7 +497,7 @@ def test_context_holds_only_what_the_image_needs(dist, tmp_path):
     sums = (full / "SHA256SUMS").read_text().replace(hashlib.sha256(b"").hexdigest(), digest, 1)
     (full / "SHA256SUMS").write_text(sums)
     ctx = tmp_path / "ctx"
-    image.stage_context(full, ctx, host_arch())
+    image.stage_context(image.release_in(full, get_line()), ctx)
     staged = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
     repinned = sorted(str(p.relative_to(ctx)) for p in (ctx / "wheels").glob("*.whl"))
     assert repinned and all(p.startswith("wheels/flashinfer_python-") for p in repinned)
@@ -541,7 +543,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path,
     Both use SOURCE_DATE_EPOCH from the environment, one second after the
     default one the session's image used: so neither can reuse that image, and
     its top layer, whose only difference is every file's mtime, must differ."""
-    epoch = image.source_date_epoch() + 1
+    epoch = source_date_epoch(fetch_sdist(get_line().tag)) + 1
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(epoch))
     ref = "localhost/vllm-tpfix-test:reproducible"
     subprocess.run([buildah, "rmi", ref], capture_output=True)  # a killed run's
@@ -549,7 +551,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path,
     try:
         for n in (1, 2):
             b = image.build_image(
-                dist=dist,
+                image.release_in(dist, get_line()),
                 base=base,
                 tag=ref,
                 flashinfer_index=fi_index,
@@ -643,7 +645,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     dist = tmp_path / "dist"
     shutil.copytree(built.dist, dist, copy_function=os.link)
     b = dataclasses.replace(built, dist=dist, archive=None)
-    paths = image.describe_image(b, get_line(), base)
+    paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
     inv = image.image_inventory(built.engine, built.ref, base)
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [
@@ -673,7 +675,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     (ours,) = [c for c in comps.values() if c["name"] == "vllm"]
     wheel, digest = image.find_wheel(dist)
     assert ours["version"] == read_version() and ours["hashes"][0]["content"] == digest
-    assert len(ours["pedigree"]["patches"]) == len(read_series())
+    assert len(ours["pedigree"]["patches"]) == len(read_series(get_line().series))
     from test_sbom import minimum_elements  # NTIA's and CISA's minimum, on the real image's
 
     assert minimum_elements(doc, {ours["bom-ref"]}) == []

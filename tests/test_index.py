@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, Fail, read_version, wheel_metadata
+from tpfix.common import Fail, read_version, wheel_metadata
 from tpfix.index import write_index
 
 VERSION = "0.0.1+tpfix.1"
@@ -303,6 +303,40 @@ def test_pip_resolves_the_built_wheel_from_its_index(built_wheel: Path, tmp_path
     again = _tree(dist / "simple")
     write_index(dist, [wheel])
     assert _tree(dist / "simple") == again
-    version = read_version(ROOT / "VERSION")
+    version = read_version()
     assert wheel.name.startswith(f"vllm-{version}-")
     check_pip_used_the_index(dist, wheel, version, tmp_path)
+
+
+@pytest.mark.slow  # pip: not while editing a patch
+def test_pip_upgrades_to_the_next_revision_through_the_index(tmp_path):
+    """A user who installed revision N from the published index into a venv
+    gets N+1 from `pip install --upgrade` once it is published beside N (the
+    revision only grows: tpfix.maint.revision), through the index's file:// URL."""
+    import venv
+
+    dist, env = tmp_path / "dist", tmp_path / "venv"
+    old, new = "0.0.1+tpfix.4", "0.0.1+tpfix.5"
+    venv.create(env, with_pip=False)  # a fresh venv; this pip installs into it
+    python = env / "bin" / "python"
+    url = (dist / "simple").as_uri()
+
+    def pip(*args: str) -> None:
+        cmd = [sys.executable, "-m", "pip", "--python", str(python), "install"]
+        cmd += ["--disable-pip-version-check", "--no-cache-dir", "--index-url", url, *args]
+        proc = subprocess.run(cmd, text=True, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def installed() -> str:
+        code = "import importlib.metadata as m, vllm; print(m.version('vllm'), vllm.__version__)"
+        proc = subprocess.run([str(python), "-c", code], text=True, capture_output=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    first = make_wheel(dist, old, requires=())
+    write_index(dist, [first])
+    pip("vllm")
+    assert installed() == f"{old} {old}"
+    write_index(dist, [first, make_wheel(dist, new, requires=())])  # N+1 published
+    pip("--upgrade", "vllm")
+    assert installed() == f"{new} {new}"

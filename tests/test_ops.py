@@ -109,7 +109,7 @@ def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
 
 
 # A build from another checkout (or an older tpfix): its lock file is not in
-# this checkout's build/locks, but it holds the dist folder itself.
+# this checkout's build/dists, but it holds the dist folder itself.
 _OTHER_CHECKOUT = """
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)

@@ -44,7 +44,7 @@ from tpfix.common import (
     sdist_pin,
     wheel_pin,
 )
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
 
@@ -133,7 +133,8 @@ def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     bd = stmt["predicate"]["buildDefinition"]
     line = get_line()
     want = {sdist.name: _sha(sdist), official.name: _sha(official)}
-    want.update({f"patches/{n}": _sha(line.patches / n) for n in read_series(line.series)})
+    names = read_series(line.series)
+    want.update({f"patches/{line.tag}/{n}": _sha(line.patches / n) for n in names})
     assert {d["name"]: d["digest"]["sha256"] for d in bd["resolvedDependencies"]} == want
     assert bd["externalParameters"]["line"] == line.tag
     assert bd["externalParameters"]["version"] == read_version()

@@ -17,7 +17,7 @@ from test_release import _publish_small, _sha
 
 from tpfix import sbom
 from tpfix.common import Fail, get_line, read_version
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 
 def _defect(patch: dict) -> dict:
@@ -76,7 +76,7 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
 
 
 def _trailers(path: Path):
-    from tpfix.patchfile import read_patch
+    from tpfix.patch_format import read_patch
 
     return read_patch(path).header.trailers
 

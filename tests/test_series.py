@@ -13,7 +13,7 @@ import pytest
 
 from tpfix.common import (
     LABEL,
-    PATCHES,
+    LINES,
     ROOT,
     get_line,
     line_names,
@@ -22,30 +22,30 @@ from tpfix.common import (
     wheel_pin,
 )
 from tpfix.maint.series import check
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 from tpfix.replay.harness import patch_checks, tree_after
 from tpfix.verify import touched_files
 
-SERIES = read_series()
-PORTS = ROOT / "lines"
+SERIES = read_series(get_line().series)
 
 
-def test_series_is_not_empty_and_every_patch_is_listed():
-    assert SERIES
-    on_disk = sorted(p.name for p in PATCHES.glob("*.patch"))
-    assert on_disk == sorted(SERIES), "a patch file is not in series, or vice versa"
+@pytest.mark.parametrize("name", line_names())
+def test_series_is_not_empty_and_every_patch_is_listed(name: str):
+    line = get_line(name)
+    names = read_series(line.series)
+    assert names
+    on_disk = sorted(p.name for p in line.patches.glob("*.patch"))
+    assert on_disk == sorted(names), "a patch file is not in series, or vice versa"
 
 
 @pytest.mark.parametrize("name", line_names())
 def test_series_applies_exactly_and_refresh_reproduces_each_patch(name: str):
     line = get_line(name)
-    check(line.patches, line.series, line.tag)  # raises Fail naming the patch otherwise
+    check(line)  # raises Fail naming the patch otherwise
 
 
-# Every header, of the default line (patches/) and of the other lines (lines/TAG/).
-HEADERS = [(PATCHES, n) for n in SERIES] + [
-    (series.parent, n) for series in sorted(PORTS.glob("*/series")) for n in read_series(series)
-]
+# Every header, of every line (patches/TAG/).
+HEADERS = [(get_line(t).patches, n) for t in line_names() for n in read_series(get_line(t).series)]
 URL = re.compile(r"^https?://\S+$")
 ADDRESS = re.compile(r"^.+ <.+@.+>$")
 
@@ -89,7 +89,10 @@ def test_every_scenario_field_names_a_replay_with_a_verdict(folder, name: str):
         assert c.why and callable(c.passes), c
 
 
-@pytest.mark.parametrize("series", sorted(PORTS.glob("*/series")), ids=lambda s: s.parent.name)
+PORTS = [get_line(t).series for t in line_names()[1:]]  # the forward ports: every other line
+
+
+@pytest.mark.parametrize("series", PORTS, ids=lambda s: s.parent.name)
 def test_every_forward_port_states_its_claims(series):
     for name in read_series(series):
         claims = read_patch(series.parent / name).header.get_all("Claim")
@@ -97,15 +100,14 @@ def test_every_forward_port_states_its_claims(series):
 
 
 @pytest.mark.parametrize("name", line_names())
-def test_version_names_distribution_and_patch_level(name: str):
+def test_version_names_distribution_and_revision(name: str):
     line = get_line(name)
     version = read_version(line.version_file)
     public, local = version.split("+")
     assert f"v{public}" == line.tag == name
     assert public == sdist_pin(line.tag).version
-    label, level = local.split(".")
-    assert label == LABEL
-    assert int(level) == len(read_series(line.series)), "bump VERSION's patch level"
+    label, revision = local.split(".")
+    assert label == LABEL and int(revision) >= 1  # the line's revision (test_revision.py)
 
 
 def test_every_line_is_one_folder_with_pins_for_both_arches():
@@ -113,8 +115,8 @@ def test_every_line_is_one_folder_with_pins_for_both_arches():
     for name in line_names():
         line = get_line(name)
         assert line.series.exists() and line.pins.exists(), name
-        if not line.is_default:
-            assert {line.version_file.parent, line.pins.parent} == {line.patches}, name
+        assert line.patches == LINES / name, name
+        assert {line.version_file.parent, line.pins.parent} == {line.patches}, name
         assert {wheel_pin(a, line.tag).arch for a in ("x86_64", "aarch64")} == {
             "x86_64",
             "aarch64",
@@ -125,7 +127,7 @@ def test_every_line_is_one_folder_with_pins_for_both_arches():
 
 def test_patched_python_is_ruff_clean_with_vllms_config():
     tree = tree_after(SERIES[-1])
-    files = sorted(f for f in touched_files() if f.endswith(".py"))
+    files = sorted(f for f in touched_files(get_line()) if f.endswith(".py"))
     assert files, "the series touches no Python file"
     for args in (["check"], ["format", "--check"]):
         proc = subprocess.run(

@@ -2,11 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The series moved to vLLM v0.33.0: rebase report, forward port, export.
 
-* scripts/tpfix/maint/rebase.py classifies every patch of patches/series on
+* scripts/tpfix/maint/rebase.py classifies every patch of the v0.27.1 series on
   v0.33.0 (the report is produced here, as in CI; each class is asserted and
-  the committed lines/v0.33.0/rebase.json must be what it says), and its
+  the committed patches/v0.33.0/rebase.json must be what it says), and its
   classification machinery is checked on small synthetic trees;
-* lines/v0.33.0/ (the forward-ported series of the v0.33.0 line, its
+* patches/v0.33.0/ (the forward-ported series of the v0.33.0 line, its
   pins.toml) carries every patch that is not absorbed, under the same names,
   applies exactly to pristine v0.33.0 and refreshes to itself;
 * each port is red without / green with it on v0.33.0: the scenario its
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import PATCHES, ROOT
+from tpfix.common import get_line
 from tpfix.maint.export import (
     export,
     git,
@@ -48,8 +48,8 @@ from tpfix.maint.export import (
     with_files,
 )
 from tpfix.maint.rebase import Trees, classify, format_table, rebase
-from tpfix.patch import cached_tree, prepare_tree
-from tpfix.patchfile import read_patch, read_series, split
+from tpfix.patch import cached_tree, pristine_tree
+from tpfix.patch_format import read_patch, read_series, split
 from tpfix.quilt import Quilt
 from tpfix.replay.harness import Check, patch_checks, run_check, run_scenario, run_vllm_tests
 
@@ -57,9 +57,10 @@ from tpfix.replay.harness import Check, patch_checks, run_check, run_scenario, r
 pytestmark = pytest.mark.slow
 
 TAG = "v0.33.0"
-PORT = ROOT / "lines" / TAG
+PORT = get_line(TAG).patches
 SERIES = PORT / "series"
-SOURCE = read_series()  # patches/series: the v0.27.1 line
+PATCHES = get_line().patches  # the source line, v0.27.1
+SOURCE = read_series(get_line().series)
 PORTED = read_series(SERIES)
 SEED_A = (
     "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
@@ -81,7 +82,7 @@ def _scenarios(name: str) -> list[str]:
 
 
 def _named(spec: str) -> str:
-    """The patch of patches/series whose header names scenario `spec`."""
+    """The patch of the v0.27.1 series whose header names scenario `spec`."""
     (name,) = [n for n in SOURCE if spec in _scenarios(n)]
     return name
 
@@ -112,7 +113,7 @@ def both(first, second):
 
 
 def port_tree(upto: str | None = None) -> Path:
-    return cached_tree(upto, TAG, SERIES, PORT)
+    return cached_tree(get_line(TAG), upto)
 
 
 def port_before(name: str) -> Path:
@@ -139,7 +140,7 @@ def _diff_of(patchfile: Path, path: str) -> list[str]:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("rebase") / TAG
-    rep = rebase(TAG, out)
+    rep = rebase(TAG, out, get_line())
     assert json.loads((out / "report.json").read_text()) == rep
     rep["_out"] = out
     print(format_table(rep))
@@ -168,8 +169,8 @@ def test_report_covers_the_series_in_order(report):
 
 
 def test_committed_classification_is_the_reports(report):
-    """lines/v0.33.0/rebase.json is what rebase.py reports now, in the format
-    python -m tpfix.maint.newline writes."""
+    """patches/v0.33.0/rebase.json is what rebase.py reports now, in the format
+    python -m tpfix.maint.start_line writes."""
     committed = json.loads((PORT / "rebase.json").read_text())
     assert committed == {
         "from": "v0.27.1",
@@ -401,8 +402,8 @@ def test_classify_absorbed_needs_a_discriminating_check(tmp_path):
 
 
 def test_port_has_pins_and_carries_every_unabsorbed_fix():
-    """The same names as patches/series, in its order, less the absorbed ones
-    (lines/v0.33.0/rebase.json)."""
+    """The same names as the v0.27.1 series, in its order, less the absorbed ones
+    (patches/v0.33.0/rebase.json)."""
     assert (PORT / "pins.toml").exists()
     status = json.loads((PORT / "rebase.json").read_text())["patches"]
     assert list(status) == SOURCE
@@ -415,7 +416,7 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
     """Like python -m tpfix.maint.series --line v0.33.0 check."""
     copy = tmp_path / "patches"
     shutil.copytree(PORT, copy)
-    tree = prepare_tree(tmp_path / "vllm", upto="", tag=TAG)
+    tree = pristine_tree(tmp_path / "vllm", TAG)
     q = Quilt(tree, copy)
     for name in PORTED:
         q.push_exact(name, tag=TAG)  # --fuzz=0, no offset

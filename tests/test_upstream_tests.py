@@ -26,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import PATCHES
-from tpfix.patchfile import read_series
+from tpfix.common import get_line
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
+
+PATCHES = get_line().patches
 
 # runs vLLM's own test files in each tree, with and without each patch
 pytestmark = pytest.mark.slow
@@ -59,7 +61,7 @@ def _changed_tests(name: str) -> dict[str, set[str]]:
     return changed
 
 
-CASES = [(n, _changed_tests(n)) for n in read_series() if _changed_tests(n)]
+CASES = [(n, _changed_tests(n)) for n in read_series(get_line().series) if _changed_tests(n)]
 
 
 def _pytest(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
@@ -89,7 +91,7 @@ def _gpu_only_tests(name: str) -> set[str]:
 
 
 def test_patches_carry_vllm_tests():
-    assert {n for n, _ in CASES} >= set(read_series()[1:]), (
+    assert {n for n, _ in CASES} >= set(read_series(get_line().series)[1:]), (
         "every code patch (all but the dependency pin) carries tests in vLLM's layout"
     )
 

@@ -101,7 +101,7 @@ def _requires(wheel: Path) -> list[Requirement]:
 def target(line: Line, arch: str) -> dict:
     """Python, platform and marker environment of the line's official image."""
     from tpfix.fetch import fetch_sdist
-    from tpfix.versions import dockerfile_arg, pin_facts
+    from tpfix.support_matrix import dockerfile_arg, pin_facts
 
     python = pin_facts(line).get("image-python")
     ubuntu = dockerfile_arg(fetch_sdist(line.tag), "UBUNTU_VERSION")

@@ -57,7 +57,7 @@ from tpfix.common import (
     source_url,
     write_atomic,
 )
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

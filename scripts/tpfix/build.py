@@ -38,14 +38,17 @@ runpy.run_path("setup.py", run_name="__main__")
 """
 
 
-def source_date_epoch(sdist: Path) -> str:
-    """A fixed timestamp derived from the input (the sdist's PKG-INFO mtime)."""
+def source_date_epoch(sdist: Path) -> int:
+    """$SOURCE_DATE_EPOCH, else a fixed timestamp derived from the input (the
+    sdist's PKG-INFO mtime): of the wheel, its SBOM and provenance, and the image."""
     if env := os.environ.get("SOURCE_DATE_EPOCH"):
-        return env
+        if not env.isdigit():
+            raise Fail(f"SOURCE_DATE_EPOCH={env!r}: expected seconds since 1970 (digits)")
+        return int(env)
     with tarfile.open(sdist) as tar:
         for m in tar.getmembers():
             if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
-                return str(int(m.mtime))
+                return int(m.mtime)
     raise Fail(f"{sdist.name}: no PKG-INFO to take SOURCE_DATE_EPOCH from")
 
 
@@ -55,7 +58,7 @@ def build_wheel(
     official_wheel: Path,
     arch: str,
     out_dir: Path,
-    epoch: str,
+    epoch: int,
     log: Path,
     cuda: str,
 ) -> Path:
@@ -69,7 +72,7 @@ def build_wheel(
         VLLM_PRECOMPILED_WHEEL_LOCATION=str(official_wheel),
         VLLM_TARGET_DEVICE="cuda",
         VLLM_VERSION_OVERRIDE=version,
-        SOURCE_DATE_EPOCH=epoch,
+        SOURCE_DATE_EPOCH=str(epoch),
         PYTHONHASHSEED="0",
     )
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:

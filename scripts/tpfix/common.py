@@ -25,22 +25,29 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parents[2]
-PATCHES = ROOT / "patches"
-SERIES = PATCHES / "series"
+# Every release line is one folder patches/<tag>/ of the same shape (Line).
+LINES = ROOT / "patches"
+# Pins shared by every line (flashinfer.toml), and those of a tag with no line yet.
 PINS = ROOT / "pins"
-VERSION_FILE = ROOT / "VERSION"
+# The one pointer to the default line: the top-level VERSION holds its tag.
+DEFAULT_FILE = ROOT / "VERSION"
 
 
 def tag_of(version_file: Path) -> str:
-    """The upstream tag a VERSION file names (its public part); read_version()
-    validates the file fully, this only reads it."""
+    """The upstream tag a line's VERSION file names (its public part);
+    read_version() validates the file fully, this only reads it."""
     text = version_file.read_text().strip() if version_file.exists() else ""
     return "v" + text.split("+")[0]
 
 
-# The pinned upstream release, read from VERSION: VERSION is the one place
-# that names it; its artifacts are in pins/<TAG>.toml.
-TAG = tag_of(VERSION_FILE)
+def default_tag() -> str:
+    """The default line's tag: the content of the top-level VERSION."""
+    text = DEFAULT_FILE.read_text().strip() if DEFAULT_FILE.exists() else ""
+    return text
+
+
+# The default line's tag (the top-level VERSION names it; its folder is patches/<TAG>/).
+TAG = default_tag()
 # The local version label that names this distribution: <upstream>+<LABEL>.<n>.
 LABEL = "tpfix"
 
@@ -87,13 +94,19 @@ class Artifact:
         return self.filename.endswith((".tar.gz", ".zip"))
 
 
-def load_pins(path: Path) -> list[Artifact]:
+def read_pin_file(path: Path) -> dict:
+    """A pin file's TOML: the one reader of pin files (load_pins, a line's
+    `cuda`, the support matrix's facts)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise Fail(f"{path}: pin file missing") from None
     except tomllib.TOMLDecodeError as e:
         raise Fail(f"{path}: not valid TOML ({e})") from None
+
+
+def load_pins(path: Path) -> list[Artifact]:
+    data = read_pin_file(path)
     arts = []
     for i, entry in enumerate(data.get("artifact", [])):
         try:
@@ -110,19 +123,27 @@ def load_pins(path: Path) -> list[Artifact]:
 class Line:
     """A release line: one upstream tag with its pins, its series and its version.
 
-    The default line (the pinned tag, built by ./build.sh without --line) is
-    the top of the repository: VERSION, pins/<tag>.toml, patches/.  Every
-    other line is one folder, lines/<tag>/: VERSION, pins.toml, and the quilt
-    series (series + its patches) beside them.  Lines share all the tooling.
+    Every line is one folder, patches/<tag>/, holding data only (the tooling is
+    shared): series and its patches, pins.toml, VERSION (<upstream>+tpfix.<n>),
+    CHANGELOG.md, advisories.toml and, for a line made by maint.start_line,
+    rebase.json.  The default line is named by the top-level VERSION (its tag).
     """
 
     version_file: Path
     pins: Path
     patches: Path
 
+    @classmethod
+    def at(cls, folder: Path) -> Line:
+        return cls(folder / "VERSION", folder / "pins.toml", folder)
+
     @property
     def series(self) -> Path:
         return self.patches / "series"
+
+    @property
+    def changelog(self) -> Path:
+        return self.patches / "CHANGELOG.md"
 
     @property
     def tag(self) -> str:
@@ -130,7 +151,7 @@ class Line:
 
     @property
     def is_default(self) -> bool:
-        return self.version_file == VERSION_FILE
+        return self.tag == TAG
 
     @property
     def dist(self) -> Path:
@@ -142,19 +163,38 @@ class Line:
         """The build's default work folder: build/work (build/work-<tag>)."""
         return ROOT / "build" / ("work" if self.is_default else f"work-{self.tag}")
 
+    @property
+    def official_image(self) -> str:
+        """The official image of the line's tag: the default base of ours."""
+        return f"vllm/vllm-openai:{self.tag}"
+
     def official_cuda(self) -> str:
         """The CUDA version the official wheels of this tag were built for."""
-        try:
-            return tomllib.loads(self.pins.read_text())["cuda"]
-        except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
-            raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels') from None
+        cuda = read_pin_file(self.pins).get("cuda")
+        if not isinstance(cuda, str):
+            raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels')
+        return cuda
 
 
-LINES = ROOT / "lines"
+@dataclass(frozen=True)
+class Release:
+    """What the build of a line computed, for the image stage: the line, its
+    version, the published wheel (in its dist folder) and the inputs it was
+    built from (the sdist, the official wheel of `arch`) with its epoch.
+    ./build.sh --image hands over its own (pipeline); python -m tpfix.image
+    reads dist/ once (image.release_in)."""
 
+    line: Line
+    version: str
+    wheel: Path
+    sdist: Path
+    official: Path
+    arch: str
+    epoch: int
 
-def default_line() -> Line:
-    return Line(VERSION_FILE, PINS / f"{TAG}.toml", PATCHES)
+    @property
+    def dist(self) -> Path:
+        return self.wheel.parent
 
 
 def _tag_version(name: str) -> Version | None:
@@ -165,27 +205,34 @@ def _tag_version(name: str) -> Version | None:
 
 
 def line_names() -> list[str]:
-    """Every release line, the default first, then lines/<tag>/ by version
-    (folders that are not named like a tag or hold no VERSION are not lines)."""
-    others = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and _tag_version(d.name)]
-    return [TAG, *sorted((n for n in others if n != TAG), key=_tag_version)]
+    """Every release line, the default first, then the others by version
+    (folders of patches/ that are not named like a tag or hold no VERSION are
+    not lines)."""
+    found = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and _tag_version(d.name)]
+    return [TAG, *sorted((n for n in found if n != TAG), key=_tag_version)]
 
 
 def get_line(name: str | None = None) -> Line:
-    """The release line `name` (a tag such as v0.33.0); None is the default.
+    """The release line `name` (a tag such as v0.33.0); None is the default
+    (the tag the top-level VERSION names).
 
     A line folder must hold VERSION (naming the folder's tag), pins.toml and
     series; anything else is an error naming the file and the fix.
     """
-    if name is None or name == TAG:
-        return default_line()
+    if name is None:
+        name = TAG
+        if not _tag_version(name) or not (LINES / name / "VERSION").exists():
+            raise Fail(
+                f"{shown(DEFAULT_FILE)}: {name!r} names no release line; write the tag "
+                f"of one folder of patches/ there (e.g. v0.27.1)"
+            )
     folder = LINES / name
     if not (folder / "VERSION").exists():
         raise Fail(
             f"no release line {name!r} ({shown(folder)}/VERSION is missing); "
             f"lines: {', '.join(line_names())}"
         )
-    line = Line(folder / "VERSION", folder / "pins.toml", folder)
+    line = Line.at(folder)
     if line.tag != name:
         raise Fail(
             f"{shown(line.version_file)}: names {line.tag}, not the folder's tag {name}; "
@@ -199,7 +246,7 @@ def get_line(name: str | None = None) -> Line:
 
 def tag_pins(tag: str = TAG) -> Path:
     """The pin file of `tag`: its line's, or pins/<tag>.toml for a tag with no line."""
-    if tag != TAG and (LINES / tag / "pins.toml").exists():
+    if (LINES / tag / "pins.toml").exists():
         return LINES / tag / "pins.toml"
     return PINS / f"{tag}.toml"
 
@@ -223,8 +270,10 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def read_version(path: Path = VERSION_FILE) -> str:
-    """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from VERSION only."""
+def read_version(path: Path | None = None) -> str:
+    """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from a line's
+    VERSION only (default: the default line's)."""
+    path = LINES / TAG / "VERSION" if path is None else path
     text = path.read_text().strip() if path.exists() else ""
     try:
         v = Version(text)
@@ -241,6 +290,20 @@ def read_version(path: Path = VERSION_FILE) -> str:
     if not v.local or not v.local.startswith(f"{LABEL}."):
         raise Fail(f"{path}: {text!r} needs the local label +{LABEL}.<n>")
     return text
+
+
+def dist_state(dist: Path) -> Path:
+    """build/dists/<name>-<hash of its path>/: what builds keep about the output
+    folder `dist` (its lock, the image's build context and log), outside it,
+    so that dist/ (and dist/<tag>/ within it) holds published files only."""
+    dist = dist.resolve()
+    key = hashlib.sha256(str(dist).encode()).hexdigest()[:12]
+    return ROOT / "build" / "dists" / f"{dist.name}-{key}"
+
+
+def image_tag(version: str) -> str:
+    """Our image's default name for distribution version `version`."""
+    return f"vllm-openai:v{version.replace('+', '-')}"
 
 
 def sha256_file(path: Path) -> str:

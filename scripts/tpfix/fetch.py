@@ -8,7 +8,7 @@ Artifacts land in <cache>/sha256/<hex>/<filename> (cache: $VLLM_DIST_CACHE or
 sha256 match the pin is moved into the cache, so an interrupted or corrupted
 download never becomes a cache entry.
 
-    python -m tpfix.fetch                 # sdist + official wheel for this arch
+    python -m tpfix.fetch [--line TAG]    # sdist + official wheel for this arch
     python -m tpfix.fetch --all           # every artifact of every pin file
 """
 
@@ -25,11 +25,11 @@ from pathlib import Path
 from tpfix.common import (
     LINES,
     PINS,
-    TAG,
     Artifact,
     Fail,
     cache_dir,
     cache_lock,
+    get_line,
     host_arch,
     load_pins,
     main_wrapper,
@@ -192,16 +192,16 @@ def _download_unpinned(want: Artifact) -> Artifact:
     return art
 
 
-def fetch_sdist(tag: str = TAG) -> Path:
+def fetch_sdist(tag: str) -> Path:
     return fetch(sdist_pin(tag))
 
 
-def fetch_wheel(arch: str, tag: str = TAG) -> Path:
+def fetch_wheel(arch: str, tag: str) -> Path:
     return fetch(wheel_pin(arch, tag))
 
 
 def all_pin_files() -> list[Path]:
-    """pins/*.toml and every line's pins.toml."""
+    """pins/*.toml (shared) and every line's patches/<tag>/pins.toml."""
     return sorted(PINS.glob("*.toml")) + sorted(LINES.glob("*/pins.toml"))
 
 
@@ -218,11 +218,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all", action="store_true", help="every artifact of every pin")
     ap.add_argument("--arch", default=host_arch())
+    ap.add_argument("--line", help="release line (default: the top-level VERSION's)")
     args = ap.parse_args()
+    tag = get_line(args.line).tag
     if args.all:
         todo = [(a, p) for p in all_pin_files() for a in load_pins(p)]
     else:
-        todo = [(sdist_pin(), None), (wheel_pin(args.arch), None)]
+        todo = [(sdist_pin(tag), None), (wheel_pin(args.arch, tag), None)]
     for art, pinfile in todo:
         print(fetch(art, pinfile))
 

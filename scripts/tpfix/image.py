@@ -52,9 +52,11 @@ from tpfix.common import (
     ROOT,
     Fail,
     Line,
+    Release,
     add_sign_arg,
+    dist_state,
     get_line,
-    host_arch,
+    image_tag,
     line_names,
     load_pins,
     main_wrapper,
@@ -69,23 +71,17 @@ from tpfix.common import (
     wheel_metadata,
 )
 from tpfix.package import add_to_dist, find_wheel, wheel_entry
-from tpfix.patchfile import read_series, series_digest
+from tpfix.patch_format import read_series, series_digest
 from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
 INSIDE = Path(__file__).with_name("image_inside.py")
 
 
-def default_base(line: Line | None = None) -> str:
-    """The official image of the line's tag (the default line's by default)."""
-    return f"vllm/vllm-openai:{(line or get_line()).tag}"
-
-
 def context_dir(dist: Path) -> Path:
-    """The build context of the image made from `dist`: beside it, like its
-    staging folder, so that the dist lock (worklock) covers it too."""
-    dist = dist.resolve()
-    return dist.parent / f".{dist.name}-image" / "context"
+    """The build context of the image made from `dist`: under build/, beside
+    the dist lock that covers it (common.dist_state), never in dist/."""
+    return dist_state(dist) / "image" / "context"
 
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -95,8 +91,24 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def default_tag(version: str | None = None) -> str:
-    return f"vllm-openai:v{(version or read_version()).replace('+', '-')}"
+def release_in(dist: Path, line: Line) -> Release:
+    """The release a dist folder holds: its one wheel, which must be the line's
+    VERSION, and that wheel's inputs (fetched, verified, from the cache)."""
+    from tpfix.build import source_date_epoch
+    from tpfix.fetch import fetch_sdist, fetch_wheel
+
+    version = read_version(line.version_file)
+    wheel, _ = find_wheel(dist)
+    if wheel.name.split("-")[1] != version:
+        raise Fail(
+            f"{wheel} is not version {version} ({shown(line.version_file)}): rerun "
+            f"./build.sh --line {line.tag}"
+        )
+    arch = wheel_arch(wheel)
+    sdist = fetch_sdist(line.tag)
+    return Release(
+        line, version, wheel, sdist, fetch_wheel(arch, line.tag), arch, source_date_epoch(sdist)
+    )
 
 
 def requires(wheel: Path) -> list[str]:
@@ -128,14 +140,13 @@ def pinned_wheel(project: str, version: str) -> Path:
             ):
                 return fetch(art, pinfile)
     raise Fail(
-        f"the series re-pins {project}=={version} but pins/ has no pure-Python wheel "
-        f"pinned for it; add one (filename, size, sha256) to pins/*.toml or the line's pins.toml"
+        f"the series re-pins {project}=={version} but no pure-Python wheel is pinned for "
+        "it; add one (filename, size, sha256) to pins/flashinfer.toml or the line's pins.toml"
     )
 
 
-def series_info(line: Line | None = None) -> tuple[list[str], str]:
-    """Names in the line's series, and its digest (patchfile.series_digest)."""
-    line = line or get_line()
+def series_info(line: Line) -> tuple[list[str], str]:
+    """Names in the line's series, and its digest (patch_format.series_digest)."""
     names = read_series(line.series)
     return names, series_digest(names, line.patches)
 
@@ -147,27 +158,21 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) -> dict[str, str]:
+def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
-    from tpfix.fetch import fetch_wheel
-
-    line = line or get_line()
-    version = read_version(line.version_file)
-    wheel, digest = find_wheel(dist)
-    if wheel.name.split("-")[1] != version:
-        raise Fail(
-            f"{wheel} is not version {version} ({shown(line.version_file)}): rerun ./build.sh"
-            + ("" if line.is_default else f" --line {line.tag}")
-        )
+    line, version = release.line, release.version
+    wheel, digest = find_wheel(release.dist)
+    if wheel != release.wheel:
+        raise Fail(f"{release.dist / 'SHA256SUMS'} names {wheel.name}, not {release.wheel.name}")
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "dist").mkdir(parents=True)
     _link_or_copy(wheel, ctx / "dist" / wheel.name)
     # Only the wheel's line: the other files SHA256SUMS lists (SBOM, provenance,
     # index pages) stay out of the context and so out of the build.
-    (ctx / "dist" / "SHA256SUMS").write_text(wheel_entry(dist / "SHA256SUMS")[2] + "\n")
+    (ctx / "dist" / "SHA256SUMS").write_text(wheel_entry(release.dist / "SHA256SUMS")[2] + "\n")
     shutil.copy2(INSIDE, ctx / "image_inside.py")
-    pins = repins(wheel, fetch_wheel(arch, line.tag))
+    pins = repins(wheel, release.official)
     if pins:
         (ctx / "wheels").mkdir()
         lines = []
@@ -186,19 +191,6 @@ def stage_context(dist: Path, ctx: Path, arch: str, line: Line | None = None) ->
         "SERIES_SHA256": series_sha,
         "WHEEL_SHA256": digest,
     }
-
-
-def source_date_epoch(line: Line | None = None) -> int:
-    """$SOURCE_DATE_EPOCH, else the wheel's epoch: the mtime of PKG-INFO in the
-    line's pinned upstream sdist (tpfix.build.source_date_epoch, as ./build.sh)."""
-    from tpfix.build import source_date_epoch as wheel_epoch
-    from tpfix.fetch import fetch_sdist
-
-    if env := os.environ.get("SOURCE_DATE_EPOCH"):
-        if not env.isdigit():
-            raise Fail(f"SOURCE_DATE_EPOCH={env!r}: expected seconds since 1970 (digits)")
-        return int(env)
-    return int(wheel_epoch(fetch_sdist((line or get_line()).tag)))
 
 
 # --- engines -----------------------------------------------------------------
@@ -456,25 +448,24 @@ class Built:
 
 
 def build_image(
-    dist: Path = ROOT / "dist",
+    release: Release,
     base: str | None = None,
     tag: str | None = None,
     flashinfer_index: str = "",
-    archive_dir: Path | None = ROOT / "dist" / "image",
+    archive_dir: Path | None = None,
     engine: str = "auto",
     ctx: Path | None = None,
-    arch: str | None = None,
-    line: Line | None = None,
 ) -> Built:
-    line = line or get_line()
-    base = base or default_base(line)
+    """The image of `release` on `base` (default: the line's official image)."""
+    dist = release.dist
+    base = base or release.line.official_image
     ctx = ctx or context_dir(dist)
     eng = detect_engine(engine)
-    tag = tag or default_tag(read_version(line.version_file))
+    tag = tag or image_tag(release.version)
     _step(f"image: stage the build context in {ctx}")
-    args = stage_context(dist, ctx, arch or host_arch(), line)
+    args = stage_context(release, ctx)
     args.update(BASE_IMAGE=base, FLASHINFER_INDEX_URL=flashinfer_index)
-    epoch = source_date_epoch(line)
+    epoch = release.epoch
     _step(f"image: build {tag} on {base} ({eng.name}, SOURCE_DATE_EPOCH={epoch})")
     t0 = time.monotonic()
     cmd = build_cmd(eng, DOCKERFILE, ctx, tag, args, epoch)
@@ -492,7 +483,7 @@ def build_image(
 
 
 def describe_image(
-    built: Built, line: Line, base: str, signer=None, flashinfer_index: str = ""
+    built: Built, release: Release, base: str, signer=None, flashinfer_index: str = ""
 ) -> list[Path]:
     """SBOM and provenance of an image built by tpfix.image (a `Built`), in
     <dist>/image/ beside its archive, then SHA256SUMS with them added.
@@ -501,15 +492,12 @@ def describe_image(
     a registry's manifest digest exists only once it is pushed: attest that
     one where you push, e.g. `cosign attest`) and the docker-archive file."""
     from tpfix import attest, sbom
-    from tpfix.fetch import fetch_sdist, fetch_wheel
 
     dist = built.dist
-    wheel, _ = find_wheel(dist)
-    arch = wheel_arch(wheel)
-    sdist, official = fetch_sdist(line.tag), fetch_wheel(arch, line.tag)
+    line, wheel, sdist, official = release.line, release.wheel, release.sdist, release.official
     epoch = built.epoch
     inv = image_inventory(built.engine, built.ref, base)
-    version = read_version(line.version_file)
+    version = release.version
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     wheel_c = sbom.wheel_component(wheel, line, sdist, official)
     bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name)
@@ -578,7 +566,7 @@ def measure(built: Built, base: str) -> dict[str, int]:
 def add_image_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("container image")
     g.add_argument(
-        "--base", help=f"base image (default vllm/vllm-openai:<line's tag>, {default_base()})"
+        "--base", help="base image (default vllm/vllm-openai:<line's tag>, the official one)"
     )
     g.add_argument("--tag", help="image name (default vllm-openai:v<VERSION with - for +>)")
     g.add_argument(
@@ -597,24 +585,22 @@ def add_image_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--no-archive", action="store_true", help="keep the image in local storage only")
 
 
-def image_from_args(args: argparse.Namespace, dist: Path) -> Built:
+def image_from_args(args: argparse.Namespace, release: Release) -> Built:
+    dist = release.dist
     built = build_image(
-        dist=dist,
+        release,
         base=args.base,
         tag=args.tag,
         flashinfer_index=args.flashinfer_index,
         archive_dir=None if args.no_archive else (args.image_dir or dist / "image"),
         engine=args.engine,
-        arch=getattr(args, "arch", None),
-        line=args.line,
     )
     print(built.ref)
     if built.archive:
         print(built.archive)
     _step("image: SBOM, provenance" + (" (signed)" if args.signer else ""))
-    for path in describe_image(
-        built, args.line, args.base or default_base(args.line), args.signer, args.flashinfer_index
-    ):
+    base = args.base or release.line.official_image
+    for path in describe_image(built, release, base, args.signer, args.flashinfer_index):
         print(path)
     return built
 
@@ -634,9 +620,9 @@ def main() -> None:
     args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
-        built = image_from_args(args, args.dist)
+        built = image_from_args(args, release_in(args.dist, line))
     if args.measure:
-        sizes = measure(built, args.base or default_base(line))
+        sizes = measure(built, args.base or line.official_image)
         print(f"layers added to the base: {sizes.pop('layers added')}")
         for what, size in sizes.items():
             print(f"{what:>22}: {size / 1e6:10.2f} MB  ({size} bytes, uncompressed layer)")

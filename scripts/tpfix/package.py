@@ -43,7 +43,7 @@ def describe(
     sdist: Path,
     official: Path,
     arch: str,
-    epoch: str,
+    epoch: int,
     signer=None,
 ) -> list[Path]:
     """Write the SBOM, provenance (signed by `signer`, attest.signing_key) and

@@ -10,7 +10,7 @@ applied, so a tree is either pristine+series or absent, never half-patched.
     python -m tpfix.patch DEST              # pristine + whole series
     python -m tpfix.patch DEST --upto NAME  # ... up to and including NAME
     python -m tpfix.patch DEST --upto ''    # pristine only
-    python -m tpfix.patch DEST --line v0.33.0   # another release line (lines/v0.33.0/)
+    python -m tpfix.patch DEST --line v0.33.0   # another release line (patches/v0.33.0/)
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ import tempfile
 from pathlib import Path
 
 from tpfix.common import (
-    PATCHES,
-    SERIES,
-    TAG,
     Fail,
+    Line,
     cache_dir,
     cache_lock,
     get_line,
     main_wrapper,
     sdist_pin,
 )
-from tpfix.patchfile import read_series, series_digest
+from tpfix.patch_format import read_series, series_digest
 from tpfix.quilt import Quilt
 
 
@@ -61,28 +59,22 @@ def unpack_sdist(sdist: Path, parent: Path) -> Path:
     return top
 
 
-def prepare_tree(
-    dest: Path,
-    upto: str | None = None,
-    series: Path = SERIES,
-    patches: Path = PATCHES,
-    keep_quilt_state: bool = False,
-    tag: str = TAG,
-) -> Path:
-    """Create `dest` = pristine sdist of `tag` + series (up to and including `upto`).
+def _upto(line: Line, upto: str | None) -> list[str]:
+    """The names of `line`'s series up to and including `upto` (None: all, "": none)."""
+    names = read_series(line.series)
+    if upto is None:
+        return names
+    if upto == "":
+        return []
+    if upto not in names:
+        raise Fail(f"{line.series}: no patch named {upto!r}")
+    return names[: names.index(upto) + 1]
 
-    `upto=None` applies the whole series, `upto=""` none of it.
-    """
+
+def pristine_tree(dest: Path, tag: str, line: Line | None = None, names=(), keep_quilt_state=False):
+    """Create `dest` = pristine sdist of `tag` + `names` of `line`'s series."""
     from tpfix.fetch import fetch_sdist
 
-    names = read_series(series)
-    if upto is not None:
-        if upto == "":
-            names = []
-        elif upto not in names:
-            raise Fail(f"{series}: no patch named {upto!r}")
-        else:
-            names = names[: names.index(upto) + 1]
     sdist = fetch_sdist(tag)
     dest = dest.resolve()
     if dest.exists():
@@ -91,7 +83,8 @@ def prepare_tree(
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         top = unpack_sdist(sdist, tmp)
-        Quilt(top, patches, series).push_exact(*names, tag=tag)
+        if line is not None:
+            Quilt(top, line.patches, line.series).push_exact(*names, tag=tag)
         if not keep_quilt_state:
             shutil.rmtree(top / ".pc", ignore_errors=True)
         os.replace(top, dest)
@@ -100,29 +93,29 @@ def prepare_tree(
     return dest
 
 
-def series_key(names: list[str], patches: Path = PATCHES, tag: str = TAG) -> str:
-    """A content key for pristine `tag`+`names`: changes when any of them changes
-    (the sdist's sha256 and the series digest, patchfile.series_digest)."""
-    key = f"{sdist_pin(tag).sha256}\0{series_digest(names, patches)}"
+def prepare_tree(
+    dest: Path, line: Line, upto: str | None = None, keep_quilt_state: bool = False
+) -> Path:
+    """Create `dest` = pristine sdist of `line`'s tag + its series (up to and
+    including `upto`).  `upto=None` applies the whole series, `upto=""` none of it."""
+    names = _upto(line, upto)
+    return pristine_tree(dest, line.tag, line, names, keep_quilt_state)
+
+
+def series_key(names: list[str], line: Line) -> str:
+    """A content key for pristine `line.tag`+`names`: changes when any of them
+    changes (the sdist's sha256 and the series digest, patch_format.series_digest)."""
+    key = f"{sdist_pin(line.tag).sha256}\0{series_digest(names, line.patches)}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def cached_tree(
-    upto: str | None = None,
-    tag: str = TAG,
-    series: Path = SERIES,
-    patches: Path = PATCHES,
-) -> Path:
-    """The pristine `tag`+`series` up to `upto`, cached by content under <cache>/trees."""
-    names = read_series(series)
-    if upto == "":
-        names = []
-    elif upto is not None:
-        names = names[: names.index(upto) + 1]
-    dest = cache_dir() / "trees" / series_key(names, patches, tag)
+def cached_tree(line: Line, upto: str | None = None) -> Path:
+    """The pristine `line.tag` + its series up to `upto`, cached by content under <cache>/trees."""
+    names = _upto(line, upto)
+    dest = cache_dir() / "trees" / series_key(names, line)
     with cache_lock(f"tree-{dest.name}"):
         if not dest.exists():
-            prepare_tree(dest, names[-1] if names else "", series, patches, tag=tag)
+            prepare_tree(dest, line, names[-1] if names else "")
     return dest
 
 
@@ -134,11 +127,7 @@ def main() -> None:
     ap.add_argument("--line", help="release line: its tag and series (default: VERSION's)")
     args = ap.parse_args()
     line = get_line(args.line)
-    print(
-        prepare_tree(
-            args.dest, args.upto, line.series, line.patches, args.keep_quilt_state, tag=line.tag
-        )
-    )
+    print(prepare_tree(args.dest, line, args.upto, args.keep_quilt_state))
 
 
 if __name__ == "__main__":

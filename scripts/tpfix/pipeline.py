@@ -5,7 +5,7 @@
     ./build.sh                      # wheel for this machine's arch into dist/
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
     ./build.sh --dist DIR           # somewhere else than dist/
-    ./build.sh --line v0.33.0       # another release line (lines/v0.33.0/) into dist/v0.33.0/
+    ./build.sh --line v0.33.0       # another release line (patches/v0.33.0/) into dist/v0.33.0/
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
 
 Work happens under build/ (a fresh patched tree per run, logs) and in a
@@ -20,15 +20,15 @@ folders and that their file systems have the room a build needs
 later still ends in one `error:` line naming the file system.
 
 One build per folder: a run holds an exclusive lock on its work folder
-(`<workdir>/.lock`) and on its dist folder (build/locks/dist-<hash>.lock,
-keyed by its path, so that dist's parent may be read-only, and a flock on
-the folder itself for builds of other checkouts) from start to end, image
-stage included.  A second build on either stops at once, naming
-the first (pid, start time, command line); it does not wait (why:
-tpfix/worklock.py).  What a killed run left behind (`<workdir>/tree.*`,
-`dist/.staging-*`) is removed only while holding both.  The commands a build
-runs (setup.py, pip, quilt, ...) die with it, `kill -9` included
-(common.child_options).
+(`<workdir>/.lock`) and on its dist folder (build/dists/<name>-<hash>/lock,
+common.dist_state, so that dist/ holds published files only and its parent
+may be read-only, and a flock on the folder itself for builds of other
+checkouts) from start to end, image stage included.  A second build on
+either stops at once, naming the first (pid, start time, command line); it
+does not wait (why: tpfix/worklock.py).  What a killed run left behind
+(`<workdir>/tree.*`, `dist/.staging-*`) is removed only while holding both.
+The commands a build runs (setup.py, pip, quilt, ...) die with it, `kill -9`
+included (common.child_options).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.common import (
-    LABEL,
     Fail,
     Line,
+    Release,
     add_sign_arg,
     get_line,
     host_arch,
@@ -59,9 +59,10 @@ from tpfix.common import (
     sigterm_as_interrupt,
 )
 from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.maint.revision import bump_command, entries
 from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.verify import verify_wheel
 from tpfix.worklock import dist_lock, workdir_lock
 
@@ -248,14 +249,17 @@ def check_tools() -> None:
         )
 
 
-def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Path:
-    """The whole build of `line`; the caller holds build_locks(workdir, dist)."""
+def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Release:
+    """The whole build of `line`; the caller holds build_locks(workdir, dist).
+    Returns the published wheel with the facts of its build (for the image stage)."""
     version = read_version(line.version_file)
     names = read_series(line.series)
-    if version.split("+")[1] != f"{LABEL}.{len(names)}":
+    newest = next(iter(entries(line)), ("none", ""))[0]
+    if newest != version:
+        # the revision is bumped with its changelog entry (tpfix.maint.revision)
         raise Fail(
-            f"{shown(line.version_file)}: {version}, but {shown(line.series)} has "
-            f"{len(names)} patches: write {version.split('+')[0]}+{LABEL}.{len(names)}"
+            f"{shown(line.version_file)}: {version}, but {shown(line.changelog)}'s newest "
+            f"entry is {newest}; run: {bump_command(line)}"
         )
     dist = dist.resolve()
     writable_folder(workdir, "work folder", "give another: ./build.sh --workdir DIR")
@@ -278,7 +282,7 @@ def _build(
     staging: Path,
     version: str,
     names: list[str],
-) -> Path:
+) -> Release:
     """Fetch, patch, build, verify and package into `staging`, then publish."""
     tag = line.tag
     _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
@@ -287,7 +291,7 @@ def _build(
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     try:
         _step(f"patch: pristine {sdist.name} + {len(names)} patches (quilt)")
-        tree = prepare_tree(tree_parent / "vllm", series=line.series, patches=line.patches, tag=tag)
+        tree = prepare_tree(tree_parent / "vllm", line)
         _step(f"build: vllm {version} (setup.py, precompiled kernels)")
         t0 = time.monotonic()
         epoch = source_date_epoch(sdist)
@@ -303,7 +307,7 @@ def _build(
         )
         _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
         _step(f"verify against {official.name}")
-        problems = verify_wheel(wheel, official, tree, version, names, line.patches)
+        problems = verify_wheel(wheel, official, tree, version, line, names)
         if problems:
             raise Fail(
                 f"{wheel.name} differs from the official wheel beyond the series "
@@ -315,7 +319,7 @@ def _build(
         final = publish(wheel, dist, extras)
     finally:
         shutil.rmtree(tree_parent, ignore_errors=True)
-    return final
+    return Release(line, version, final, sdist, official, arch, epoch)
 
 
 def main() -> None:
@@ -347,10 +351,10 @@ def main() -> None:
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        final = _run_locked(args.arch, args.dist, args.workdir, line, signer)
-        print(final, flush=True)
+        release = _run_locked(args.arch, args.dist, args.workdir, line, signer)
+        print(release.wheel, flush=True)
         if args.image:
-            image_from_args(args, args.dist)
+            image_from_args(args, release)
 
 
 if __name__ == "__main__":

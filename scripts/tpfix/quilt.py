@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tpfix.common import TAG, Fail, child_options, run, shown
+from tpfix.common import Fail, child_options, run, shown
 
 REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
 PUSH_ARGS = ["--fuzz=0"]
@@ -65,7 +65,7 @@ def canonical(args: tuple[str, ...] | list[str]) -> list[str]:
 
 
 class Quilt:
-    """quilt in `tree` for the series file `series` (default patches/series)."""
+    """quilt in `tree` for the series file `series` (default `patches`/series)."""
 
     def __init__(self, tree: Path, patches: Path, series: Path | None = None):
         self.tree, self.patches = tree, patches
@@ -82,7 +82,7 @@ class Quilt:
         cmd = ["quilt", *canonical(args)]
         return subprocess.run(cmd, cwd=self.tree, env=self.env, **child_options()).returncode
 
-    def push_exact(self, *names: str, tag: str = TAG) -> None:
+    def push_exact(self, *names: str, tag: str) -> None:
         """Push `names` in order (the next ones of the series), exactly; Fail
         naming the patch on a conflict, an offset or fuzz (`tag`: the tree's)."""
         require()
@@ -123,6 +123,6 @@ def _explain(patch: Path, out: str, tag: str) -> str:
     detail = "; ".join(failed[:3] + missing[:1]) or "".join(out.strip().splitlines()[-1:])
     return (
         f"{shown(patch)} does not apply to {tag} (file {where}): {detail}. "
-        "Nothing was left half-patched. Rebase it: python -m tpfix.maint.series push, fix, "
-        "refresh"
+        "Nothing was left half-patched. Rebase it: "
+        f"python -m tpfix.maint.series --line {tag} push, fix, refresh"
     )

@@ -79,7 +79,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from tpfix.common import Fail, Line, main_wrapper, read_version, sha256_file, wheel_message
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 from tpfix.triage import load_triage
 
 SCHEMA = SchemaVersion.V1_6
@@ -139,7 +139,7 @@ def _issue_id(url: str) -> str:
 
 def _rebase_status(line: Line) -> dict[str, str]:
     """{patch: "rebased from TAG: class"} of the line's rebase.json
-    (tpfix.maint.newline), if it has one."""
+    (tpfix.maint.start_line), if it has one."""
     path = line.patches / "rebase.json"
     if not path.exists():
         return {}
@@ -148,7 +148,7 @@ def _rebase_status(line: Line) -> dict[str, str]:
         return {n: f"rebased from {doc['from']}: {c}" for n, c in doc["patches"].items()}
     except (ValueError, KeyError, TypeError) as e:
         raise Fail(
-            f"{path}: not a rebase summary ({e}); rewrite it with tpfix.maint.newline"
+            f"{path}: not a rebase summary ({e}); rewrite it with tpfix.maint.start_line"
         ) from None
 
 

@@ -22,16 +22,16 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from tpfix.common import PATCHES, Fail, main_wrapper
-from tpfix.patchfile import diff_files, read_series
+from tpfix.common import Fail, Line, main_wrapper
+from tpfix.patch_format import diff_files, read_series
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def touched_files(names: list[str] | None = None, patches: Path = PATCHES) -> set[str]:
-    """Paths (relative to the tree) that the series adds or changes."""
-    names = read_series(patches / "series") if names is None else names
-    return {d.new for name in names for d in diff_files(patches / name) if d.new}
+def touched_files(line: Line, names: list[str] | None = None) -> set[str]:
+    """Paths (relative to the tree) that `line`'s series (or its `names`) adds or changes."""
+    names = read_series(line.series) if names is None else names
+    return {d.new for name in names for d in diff_files(line.patches / name) if d.new}
 
 
 def _norm(name: str) -> str:
@@ -59,12 +59,12 @@ def verify_wheel(
     official: Path,
     tree: Path,
     version: str,
+    line: Line,
     names: list[str] | None = None,
-    patches: Path = PATCHES,
 ) -> list[str]:
     """Return a list of human-readable differences that are not allowed."""
     problems: list[str] = []
-    touched = touched_files(names, patches)
+    touched = touched_files(line, names)
     with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
         bn = {_norm(n): n for n in b.namelist()}
         on = {_norm(n): n for n in o.namelist()}
@@ -130,7 +130,7 @@ def main() -> None:
 
     line = get_line(args.line)
     version = read_version(line.version_file)
-    problems = verify_wheel(args.built, args.official, args.tree, version, patches=line.patches)
+    problems = verify_wheel(args.built, args.official, args.tree, version, line)
     if problems:
         raise Fail(
             f"{args.built.name} does not match the official wheel:\n  " + "\n  ".join(problems)

@@ -9,8 +9,8 @@ removed the first one's tree as "left by a killed run", and the first then
 failed with a misleading "patch does not apply".  So `hold()` takes an
 exclusive `fcntl.flock` on a lock file in the folder and keeps it until the
 run ends; clean-up of what a killed run left happens only while holding it.
-The output folder's lock file lives under this checkout's build/locks/
-(dist_lock_file: dist/ holds published files only, its parent may be
+The output folder's lock file lives under this checkout's build/dists/
+(common.dist_state: dist/ holds published files only, its parent may be
 read-only); the folder itself is flocked too, so that a build from another
 checkout into the same dist/ is refused as well (where the file system
 allows flock on a folder; NFS does not, and there only the lock file counts).
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import shlex
 import socket
@@ -47,7 +46,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail
+from tpfix.common import Fail, dist_state
 
 
 def _command_line() -> str:
@@ -147,18 +146,6 @@ def workdir_lock(workdir: Path):
     )
 
 
-DIST_LOCKS = ROOT / "build" / "locks"
-
-
-def dist_lock_file(dist: Path) -> Path:
-    """Where the lock of the output folder `dist` lives: under this checkout's
-    build/, named by a hash of dist's real path, so that neither dist (which
-    holds only published files) nor its parent (which may be read-only, or a
-    mount's) has to take it."""
-    key = hashlib.sha256(str(dist.resolve()).encode()).hexdigest()[:16]
-    return DIST_LOCKS / f"dist-{key}.lock"
-
-
 @contextlib.contextmanager
 def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
     """An exclusive flock on `folder` itself (created if it can be), for the
@@ -177,7 +164,7 @@ def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
         except BlockingIOError:
             raise Fail(
                 f"{what} is in use by another build, one whose lock file is not in "
-                f"this checkout's {DIST_LOCKS} (another checkout's build, or an older "
+                f"this checkout's build/dists/ (another checkout's build, or an older "
                 f"tpfix). Only one build at a time may use a folder. Wait until that "
                 f"build has finished, or {fix}."
             ) from None
@@ -192,8 +179,9 @@ def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
 ) -> Iterator[None]:
-    """The lock of an output folder: its lock file (dist_lock_file), then the folder."""
+    """The lock of an output folder: its lock file under build/ (common.dist_state:
+    dist/ holds published files only), then the folder itself."""
     dist = dist.resolve()
     what = f"dist folder {dist}"
-    with hold(dist_lock_file(dist), what, fix), hold_folder(dist, what, fix):
+    with hold(dist_state(dist) / "lock", what, fix), hold_folder(dist, what, fix):
         yield

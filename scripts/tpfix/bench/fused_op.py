@@ -24,10 +24,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from tpfix.patchfile import read_series
+    from tpfix.common import get_line
+    from tpfix.patch_format import read_series
     from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
-    trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
+    trees = {
+        "v0.27.1": tree_before(PATCH),
+        "patched": tree_after(read_series(get_line().series)[-1]),
+    }
     for backend in ("trtllm", "mnnvl"):
         best = {k: float("inf") for k in trees}
         for _ in range(args.rounds):

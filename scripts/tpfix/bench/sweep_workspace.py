@@ -127,11 +127,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="only the first N configurations")
     args = ap.parse_args()
-    from tpfix.patchfile import read_series
+    from tpfix.common import get_line
+    from tpfix.patch_format import read_series
     from tpfix.replay.harness import tree_after, tree_before
 
     cfgs = configs()[: args.limit]
-    trees = {"v0.27.1": tree_before(PATCH), "patched": tree_after(read_series()[-1])}
+    trees = {
+        "v0.27.1": tree_before(PATCH),
+        "patched": tree_after(read_series(get_line().series)[-1]),
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
         futs = {k: pool.submit(run, t, cfgs) for k, t in trees.items()}
         res = {k: f.result() for k, f in futs.items()}

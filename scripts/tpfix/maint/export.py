@@ -2,14 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Export the forward-ported series as mails and pull-request descriptions.
 
-    python -m tpfix.maint.export             # newest line, lines/v0.33.0 -> build/export/v0.33.0/
+    python -m tpfix.maint.export             # newest line, patches/v0.33.0 -> build/export/v0.33.0/
     python -m tpfix.maint.export v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
     python -m tpfix.maint.export --no-tests       # skip the validation runs (placeholders)
 
-For lines/TAG/series (a release line: the reviewed forward port, see maint.rebase) it
+For patches/TAG/series (a release line: the reviewed forward port, see maint.rebase) it
 checks that the series applies exactly to pristine TAG, then builds a git
 repository from the pristine TAG sdist (one commit), commits each patch with
-its header (patchfile) as the commit message: author and date from its
+its header (patch_format) as the commit message: author and date from its
 From:/Date:, the body, and the trailers vLLM takes (DEP-3's `Bug:` becomes
 the `Fixes:` trailer; the fields only this distribution reads, DISTRO_ONLY
 such as Forwarded:, Related:, Scenario:, Claim:, are dropped).  Then it runs
@@ -51,15 +51,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail, cache_dir, get_line, line_names, main_wrapper, sdist_pin
-from tpfix.patch import cached_tree, prepare_tree
-from tpfix.patchfile import Header, diff_files, parse_header, read_series, split
+from tpfix.common import ROOT, Fail, Line, cache_dir, get_line, line_names, main_wrapper, sdist_pin
+from tpfix.patch import cached_tree, pristine_tree
+from tpfix.patch_format import Header, diff_files, parse_header, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
 
 # Upstream exports come from the newest release line.
 DEFAULT_TAG = line_names()[-1]
 # Header fields that only this distribution reads (DEP-3 and our own, see
-# patchfile): they stay in the quilt headers and are left out of the upstream
+# patch_format): they stay in the quilt headers and are left out of the upstream
 # commits.  Vendor bug fields (Bug-<Vendor>:) are left out too.
 DISTRO_ONLY = {
     "forwarded",
@@ -76,11 +76,6 @@ AS_TRAILER = {"bug": "Fixes"}
 # pristine commit and every exported mail are reproducible.
 IMPORT_IDENT = ("vLLM release import", "release-import@example.invalid")
 IMPORT_DATE = "2000-01-01T00:00:00+00:00"
-
-
-def port_series(tag: str) -> Path:
-    """The series of release line `tag` (lines/TAG/): upstream exports come from it."""
-    return get_line(tag).series
 
 
 # -- headers -> commits ------------------------------------------------------------
@@ -113,7 +108,7 @@ def _distro_only(key: str) -> bool:
 
 
 def mail_of(header: Header, name: str = "?") -> Mail:
-    """The commit of a patch header (patchfile.parse_header): From:, Date:,
+    """The commit of a patch header (patch_format.parse_header): From:, Date:,
     Subject: without its [PATCH] tag, the body, the trailers vLLM takes."""
     for key in ("from", "subject"):
         if header.mail_field(key) is None:
@@ -181,7 +176,7 @@ def pristine_git(tag: str) -> Path:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".pristine.", dir=dest.parent) as tmp:
-        tree = prepare_tree(Path(tmp) / "vllm", upto="", tag=tag)
+        tree = pristine_tree(Path(tmp) / "vllm", tag)
         git(tree, "init", "-q", "-b", "main")
         git(tree, "add", "-A", "-f", ".")
         name, email = IMPORT_IDENT
@@ -349,13 +344,13 @@ def with_files(tree: Path, source: Path, files: list[str], dest: Path) -> Path:
     return dest
 
 
-def validate(tag: str, series: Path, name: str) -> dict:
-    """Red without `name` (on tag + the ports before it), green with it."""
-    patches = series.parent
-    names = read_series(series)
+def validate(line: Line, name: str) -> dict:
+    """Red without `name` (on the line's tag + the ports before it), green with it."""
+    patches = line.patches
+    names = read_series(line.series)
     i = names.index(name)
-    before = cached_tree(names[i - 1] if i else "", tag, series, patches)
-    after = cached_tree(name, tag, series, patches)
+    before = cached_tree(line, names[i - 1] if i else "")
+    after = cached_tree(line, name)
     res: dict = {"tests": [], "checks": []}
     files = vllm_tests(patches / name)
     if files:
@@ -543,9 +538,9 @@ def export(
     out: Path | None = None,
     author: str | None = None,
     run_tests: bool = True,
-    series: Path | None = None,
 ) -> dict:
-    series = series or port_series(tag)
+    line = get_line(tag)
+    series = line.series
     if not series.exists():
         raise Fail(f"{series}: no forward-ported series for {tag}")
     names = read_series(series)
@@ -553,8 +548,8 @@ def export(
         raise Fail(f"{series}: the series is empty")
     out = (out or ROOT / "build" / "export" / tag).resolve()
     # applies exactly (raises otherwise) and is cached for the validation runs
-    cached_tree(None, tag, series, series.parent)
-    validation = {n: validate(tag, series, n) for n in names} if run_tests else {}
+    cached_tree(line)
+    validation = {n: validate(line, n) for n in names} if run_tests else {}
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -603,7 +598,10 @@ def main() -> None:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument(
-        "tag", nargs="?", default=DEFAULT_TAG, help="release line (lines/TAG/; default: the newest)"
+        "tag",
+        nargs="?",
+        default=DEFAULT_TAG,
+        help="release line (patches/TAG/; default: the newest)",
     )
     ap.add_argument("--out", type=Path, help="output folder (default build/export/TAG)")
     ap.add_argument("--author", help="'Name <email>' for From: and Signed-off-by:")

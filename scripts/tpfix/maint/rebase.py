@@ -5,10 +5,11 @@
     python -m tpfix.maint.rebase v0.33.0                  # report into build/rebase/v0.33.0/
     python -m tpfix.maint.rebase v0.33.0 --out DIR --no-checks
 
-TAG's sdist is fetched and verified like the pinned tag's (lines/TAG/pins.toml,
+TAG's sdist is fetched and verified like the pinned tag's (patches/TAG/pins.toml,
 or pins/TAG.toml for a tag with no line yet).
-Each patch of patches/series is tried, in order, on a working tree: pristine
-TAG plus the patches kept so far.  Its class, in the order they are decided:
+Each patch of the source line's series (patches/<from>/series) is tried, in
+order, on a working tree: pristine TAG plus the patches kept so far.  Its
+class, in the order they are decided:
 
   absorbed              upstream already has the fix, detected in one of two
                         ways: the patch reverse-applies exactly (upstream
@@ -31,7 +32,7 @@ TAG plus the patches kept so far.  Its class, in the order they are decided:
 
 OUT/report.json holds the same as the printed table, machine-readable;
 OUT/patches/series + patches are the series as carried (a starting point for
-lines/TAG/, the reviewed forward port: python -m tpfix.maint.newline).  Exit status 0 when a
+patches/TAG/, the reviewed forward port: python -m tpfix.maint.start_line).  Exit status 0 when a
 report was written, whatever the classes; 2 on errors (bad pin, failed fetch).
 """
 
@@ -46,11 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpfix.common import (
-    PATCHES,
     ROOT,
-    SERIES,
-    TAG,
     Fail,
+    Line,
     get_line,
     line_names,
     main_wrapper,
@@ -58,8 +57,8 @@ from tpfix.common import (
     sdist_pin,
     shown,
 )
-from tpfix.patch import cached_tree, prepare_tree
-from tpfix.patchfile import HUNK, diff_files, parse_diff, read_series, split, write_series
+from tpfix.patch import cached_tree, pristine_tree
+from tpfix.patch_format import HUNK, diff_files, parse_diff, read_series, split, write_series
 from tpfix.quilt import Quilt, offsets, require
 from tpfix.replay.harness import Check, patch_checks, run_check
 
@@ -320,18 +319,17 @@ def classify(
 def rebase(
     tag: str,
     out: Path,
-    series: Path = SERIES,
-    patches: Path = PATCHES,
+    source: Line,
     checks: dict[str, list[Check]] | None = None,
-    from_tag: str = TAG,
 ) -> dict:
-    """Classify every patch of `series` (made for `from_tag`) on `tag`; write OUT.
+    """Classify every patch of the `source` line's series on `tag`; write OUT.
 
     `checks` maps patch names to their scenario checks; by default each
     patch's own, from the `Scenario:` fields of its header ({}: none).
     """
     require()
     pin = sdist_pin(tag)  # the pins of TAG must exist: fail before any work
+    series, patches, from_tag = source.series, source.patches, source.tag
     names = read_series(series)
     if checks is None:  # a header that names no existing scenario fails here too
         checks = {name: patch_checks(patches / name) for name in names}
@@ -343,12 +341,12 @@ def rebase(
     records = []
     uncarried: dict[str, set[str]] = {}  # conflicting patches -> files they touch
     with tempfile.TemporaryDirectory(prefix="rebase.") as tmp:
-        tree = prepare_tree(Path(tmp) / "vllm", upto="", tag=tag)  # fetch + verify
+        tree = pristine_tree(Path(tmp) / "vllm", tag)  # fetch + verify
         q = Quilt(tree, out / "patches")
         for i, name in enumerate(names):
             origin = Trees(
-                cached_tree(names[i - 1] if i else "", from_tag, series, patches),
-                cached_tree(name, from_tag, series, patches),
+                cached_tree(source, names[i - 1] if i else ""),
+                cached_tree(source, name),
             )
             rec = classify(name, patches / name, q, origin, checks.get(name, []))
             touched = {d.path for d in diff_files(patches / name)}
@@ -409,15 +407,15 @@ def main() -> None:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument(
-        "tag", help="target upstream tag, with pins (lines/TAG/pins.toml or pins/TAG.toml)"
+        "tag", help="target upstream tag, with pins (patches/TAG/pins.toml or pins/TAG.toml)"
     )
     ap.add_argument("--out", type=Path, help="output folder (default build/rebase/TAG)")
     ap.add_argument(
         "--from",
         dest="source",
         choices=line_names(),
-        default=TAG,
-        help=f"the line whose series moves (default: {TAG}, patches/)",
+        default=None,
+        help="the line whose series moves (default: the top-level VERSION's)",
     )
     ap.add_argument(
         "--no-checks",
@@ -428,7 +426,7 @@ def main() -> None:
     out = args.out or ROOT / "build" / "rebase" / args.tag
     line = get_line(args.source)
     checks = {} if args.no_checks else None
-    report = rebase(args.tag, out, line.series, line.patches, checks, line.tag)
+    report = rebase(args.tag, out, line, checks)
     print(f"rebase {report['from']} -> {report['to']} ({report['series']})")
     print(format_table(report))
     print(f"\nreport: {out / 'report.json'}\ncarried series: {out / 'patches' / 'series'}")

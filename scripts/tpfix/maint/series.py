@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Maintainer workflow for the quilt series of a release line.
 
-    python -m tpfix.maint.series setup            # build/dev/vllm: pristine tree bound to patches/
+    python -m tpfix.maint.series setup            # build/dev/<tag>, bound to patches/<tag>/
     python -m tpfix.maint.series push [NAME|-a]   # apply the next patch / up to NAME / all
     python -m tpfix.maint.series pop [-a]         # unapply
     python -m tpfix.maint.series new NAME.patch   # start a patch after the current top
@@ -12,13 +12,13 @@
     python -m tpfix.maint.series quilt ARGS...    # any other quilt command, same settings
     python -m tpfix.maint.series --line v0.33.0 setup   # the same for another line
 
-All commands run quilt in build/dev/vllm (build/dev/<tag> for another line)
-with QUILT_PATCHES=patches/ (lines/<tag>/), so a refresh edits the files in
+All commands run quilt in build/dev/<tag> (default: the top-level VERSION's
+line) with QUILT_PATCHES=patches/<tag>/, so a refresh edits the files in
 this repository: review them with git diff.  quilt
 runs through tpfix.quilt: every push is exact (--fuzz=0) and every refresh
 uses the same canonical options (quilt.REFRESH_ARGS), which is what makes
 `check` able to demand byte-for-byte reproduction; patch headers (the text
-above the first diff, patchfile) are kept by quilt.
+above the first diff, patch_format) are kept by quilt.
 """
 
 from __future__ import annotations
@@ -30,54 +30,51 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.common import PATCHES, ROOT, SERIES, TAG, Fail, Line, get_line, main_wrapper, run, shown
+from tpfix.common import ROOT, Fail, Line, get_line, main_wrapper, run, shown
 from tpfix.patch import prepare_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.quilt import Quilt, require
 
-DEV = ROOT / "build" / "dev" / "vllm"
+DEV = ROOT / "build" / "dev"
 
 
 def dev_tree(line: Line) -> Path:
-    return DEV if line.is_default else DEV.parent / line.tag
+    return DEV / line.tag
 
 
 def _cmd(line: Line, what: str) -> str:
-    return (
-        "python -m tpfix.maint.series " + ("" if line.is_default else f"--line {line.tag} ") + what
-    )
+    return f"python -m tpfix.maint.series --line {line.tag} {what}"
 
 
-def quilt(*args: str, line: Line | None = None) -> int:
+def quilt(*args: str, line: Line) -> int:
     """Run `quilt ARGS` in the line's dev tree on the terminal: push exact, refresh canonical."""
     require()
-    line = line or get_line()
     tree = dev_tree(line)
     if not tree.exists():
         raise Fail(f"{tree} does not exist; run: {_cmd(line, 'setup')}")
     return Quilt(tree, line.patches, line.series).interactive(*args)
 
 
-def setup(line: Line | None = None) -> None:
-    line = line or get_line()
+def setup(line: Line) -> None:
     tree = dev_tree(line)
     if tree.exists():
         raise Fail(f"{tree} exists; remove it first (rm -rf {tree})")
-    prepare_tree(tree, "", line.series, line.patches, keep_quilt_state=True, tag=line.tag)
+    prepare_tree(tree, line, "", keep_quilt_state=True)
     print(f"{tree}: pristine {line.tag}; `{_cmd(line, 'push -a')}` applies the series")
 
 
-def check(patches: Path = PATCHES, series: Path = SERIES, tag: str = TAG) -> None:
-    """Each patch applies exactly to pristine `tag` in order, and refreshing
-    it changes no byte."""
+def check(line: Line) -> None:
+    """Each patch of `line` applies exactly to its pristine tag in order, and
+    refreshing it changes no byte."""
+    patches, series, tag = line.patches, line.series, line.tag
     names = read_series(series)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "patches"
         shutil.copytree(patches, copy)
-        tree = prepare_tree(Path(tmp) / "vllm", "", series, patches, tag=tag)
+        tree = prepare_tree(Path(tmp) / "vllm", line, "")
         q = Quilt(tree, copy, copy / series.name)
         for name in names:
-            q.push_exact(name)
+            q.push_exact(name, tag=tag)
             q.refresh(shown(patches / name))
             if not filecmp.cmp(patches / name, copy / name, shallow=False):
                 diff = run(["diff", "-u", str(patches / name), str(copy / name)])
@@ -110,13 +107,13 @@ def main() -> None:
         ],
     )
     ap.add_argument("args", nargs=argparse.REMAINDER)
-    ap.add_argument("--line", help="release line (default: VERSION's, patches/)")
+    ap.add_argument("--line", help="release line (default: the top-level VERSION's)")
     a = ap.parse_args()
     line = get_line(a.line)
     if a.command == "setup":
         return setup(line)
     if a.command == "check":
-        return check(line.patches, line.series, line.tag)
+        return check(line)
     args = a.args if a.command == "quilt" else [a.command, *a.args]
     sys.exit(quilt(*args, line=line))
 

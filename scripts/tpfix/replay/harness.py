@@ -11,7 +11,7 @@ tpfix/replay/<module>.py's function (a dotted module, e.g.
 requirements/cuda.txt, and returns what the function returned (a JSON dict);
 an uncaught exception comes back as {"error": type name, "message": str}.
 
-A patch names the scenarios that show its fix in its header (patchfile):
+A patch names the scenarios that show its fix in its header (patch_format):
 
     Scenario: bug_b:run_case(**NARROW_DRAFT)
      what the scenario shows when the patch works (folded lines)
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import Fail, cache_dir, cache_lock
+from tpfix.common import Fail, cache_dir, cache_lock, get_line
 from tpfix.fetch import fetch_test_dep
 from tpfix.patch import cached_tree
-from tpfix.patchfile import read_patch, read_series
+from tpfix.patch_format import read_patch, read_series
 
 # The folder that holds the tpfix package: scenario interpreters import the
 # replays (tpfix.replay.<module>) and the CPU stand-ins from it.
@@ -48,13 +48,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tree_after(patch: str) -> Path:
-    return cached_tree(upto=patch)
+    return cached_tree(get_line(), upto=patch)
 
 
 def tree_before(patch: str) -> Path:
-    names = read_series()
+    names = read_series(get_line().series)
     i = names.index(patch)
-    return cached_tree(upto=names[i - 1] if i else "")
+    return cached_tree(get_line(), upto=names[i - 1] if i else "")
 
 
 def pinned_flashinfer(tree: Path) -> str:

@@ -2,16 +2,16 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Prepare the release line of a new upstream tag: pins, carried series, VERSION.
 
-    python -m tpfix.maint.newline v0.34.0                 # from the newest line
-    python -m tpfix.maint.newline v0.34.0 --from v0.27.1  # from another line
-    python -m tpfix.maint.newline v0.34.0 --no-checks     # textual classification only
+    python -m tpfix.maint.start_line v0.34.0                 # from the newest line
+    python -m tpfix.maint.start_line v0.34.0 --from v0.27.1  # from another line
+    python -m tpfix.maint.start_line v0.34.0 --no-checks     # textual classification only
 
-For a tag with no line yet it writes lines/TAG/:
+For a tag with no line yet it writes patches/TAG/ (the same shape as every line):
 
   pins.toml    the sdist and the official x86_64 and aarch64 wheels, pinned
                by the sha256 and size of the files pip downloaded (fetch.
                pin_release; `cuda` read from the wheel's METADATA extras),
-               and the facts the versions table shows (tpfix.versions):
+               and the facts the versions table shows (tpfix.support_matrix):
                `requires-python`, `torch`, `flashinfer` from the wheels'
                METADATA (both wheels must agree), `image-python` from the
                sdist's docker/Dockerfile.  A patch of the series that re-pins
@@ -20,10 +20,11 @@ For a tag with no line yet it writes lines/TAG/:
   series       the source line's series as rebase.py carries it onto TAG:
                absorbed patches dropped, patches that apply exactly or with
                changes (refreshed) carried; conflicting patches are left out
-               and listed, their diff3 merges in lines/TAG/conflicts/ for a
+               and listed, their diff3 merges in patches/TAG/conflicts/ for a
                maintainer to port (then add them to the series, delete
-               conflicts/, and bump VERSION).
-  VERSION      <TAG>+tpfix.<number of carried patches>
+               conflicts/, and bump the revision: python -m tpfix.maint.revision bump TAG ...).
+  VERSION      <TAG>+tpfix.1: the line's first revision (tpfix.maint.revision)
+  CHANGELOG.md its entry, with the fingerprint of the series, patches and pins
   rebase.json  the classification it was made from: {patch: status}
 
 Nothing is left when the line already exists or a step fails (the folder is
@@ -56,20 +57,21 @@ from tpfix.common import (
 )
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.maint.rebase import format_table, rebase
-from tpfix.versions import WHEEL_FACTS, image_python, wheel_facts
+from tpfix.maint.revision import fingerprint
+from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
 
 
 def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
     out = [
         f"# Upstream artifacts of vLLM {tag}: sha256 and size of the files pip",
-        "# downloaded (python -m tpfix.maint.newline).  Review before commit: a",
+        "# downloaded (python -m tpfix.maint.start_line).  Review before commit: a",
         "# hash here is a reviewed fact about the release; never edit one to make",
         "# a run pass.",
         "",
         f'tag = "{tag}"',
         "# CUDA of the official wheels (from the extras their METADATA keeps)",
         f'cuda = "{cuda}"',
-        "# What the official wheels' METADATA requires (tpfix.versions.wheel_facts)",
+        "# What the official wheels' METADATA requires (tpfix.support_matrix.wheel_facts)",
         *(f'{k} = "{facts[k]}"' for k in WHEEL_FACTS),
     ]
     if facts.get("image-python"):
@@ -126,11 +128,9 @@ def _release_facts(sdist: Path, wheels: list[Path]) -> dict[str, str]:
 
 
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
-    """Write lines/TAG/ from `source`'s series (see the module docstring)."""
+    """Write patches/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
         raise Fail(f"{tag!r} is not a release tag like v0.34.0")
-    if tag == get_line().tag:
-        raise Fail(f"{tag} is the default line (VERSION, patches/): it has no lines/ folder")
     dest = LINES / tag
     if (dest / "VERSION").exists():
         raise Fail(f"{shown(dest)} exists: the line is already there")
@@ -156,14 +156,7 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             except Fail:
                 arts.append(pin_test_dep(*fi))  # the scenario checks need it
         (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda, facts))
-        report = rebase(
-            tag,
-            dest / ".rebase",
-            series=source.series,
-            patches=source.patches,
-            checks=None if checks else {},
-            from_tag=source.tag,
-        )
+        report = rebase(tag, dest / ".rebase", source, checks=None if checks else {})
         carried = report["carried"]
         for name in [*carried, "series"]:
             shutil.copyfile(dest / ".rebase" / "patches" / name, dest / name)
@@ -177,8 +170,14 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
         (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (dest / "CHANGELOG.md").write_text(
+            f"# {tag} line: changelog\n\n## {tag[1:]}+{LABEL}.1\n\n"
+            f"fingerprint: sha256:{fingerprint(Line.at(dest))}\n\n"
+            f"First revision: the series of the {source.tag} line carried onto {tag} "
+            f"({len(carried)} patches).\n"
+        )
         # VERSION last: it makes the folder a line
-        (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.{len(carried)}\n")
+        (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.1\n")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The versions table (scripts/tpfix/versions.py) and the facts behind it.
+"""The versions table (scripts/tpfix/support_matrix.py) and the facts behind it.
 
 Fast: README.md's table is the command's output; the FlashInfer re-pin of
 each pin file is the one its series makes.  Slow: every fact of the pins
 (Requires-Python, torch==, flashinfer-python==, the image's Python) equals
-the official release's files, read here without tpfix.versions, and the
+the official release's files, read here without tpfix.support_matrix, and the
 built wheels require the FlashInfer the table names.
 """
 
@@ -23,20 +23,21 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import ROOT, Fail, Line, get_line, line_names, load_pins
-from tpfix.patchfile import read_series, split
-from tpfix.versions import README, _braced, pin_facts, python_range, readme_block, table
+from tpfix.patch_format import read_series, split
+from tpfix.support_matrix import README, _braced, pin_facts, python_range, readme_block, table
 
 LINES = line_names()
 
 
 def test_readme_table_is_the_commands_output():
     proc = subprocess.run(
-        [sys.executable, "-m", "tpfix.versions"], text=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "tpfix.support_matrix"], text=True, capture_output=True, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == table()
     assert readme_block(README.read_text()) == proc.stdout, (
-        "README.md's versions table is stale: run build/venv/bin/python -m tpfix.versions --readme"
+        "README.md's versions table is stale: run "
+        "build/venv/bin/python -m tpfix.support_matrix --readme"
     )
     rows = proc.stdout.splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == LINES  # one row a line, default first

@@ -2,12 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The versions table of the release lines, generated from their pins.
 
-    python -m tpfix.versions            # print the markdown table
-    python -m tpfix.versions --readme   # write it into README.md (between the markers)
+    python -m tpfix.support_matrix            # print the markdown table
+    python -m tpfix.support_matrix --readme   # write it into README.md (between the markers)
 
-One row per release line, the default first, then lines/<tag>/ by version
+One row per release line, the default first, then the others by version
 (common.line_names).  Every cell comes from the line's VERSION and pin file
-(pins/<tag>.toml, lines/<tag>/pins.toml):
+(patches/<tag>/VERSION, patches/<tag>/pins.toml):
 
   tag               the vLLM tag
   flashinfer        the flashinfer-python== the official wheels require
@@ -23,7 +23,7 @@ One row per release line, the default first, then lines/<tag>/ by version
 
 flashinfer, torch and requires-python are facts of the official wheels'
 METADATA (wheel_facts reads them), image-python of the sdist (image_python);
-maint/newline.py writes all four for a new line, tests/test_versions.py checks
+maint/start_line.py writes all four for a new line, tests/test_support_matrix.py checks
 them against the official files.  flashinfer-repinned is the series' fact: a
 maintainer adds it with the patch that re-pins (the fast test checks it is
 the version the series writes into requirements/cuda.txt).
@@ -35,7 +35,6 @@ import argparse
 import os
 import re
 import tarfile
-import tomllib
 from email.parser import Parser
 from pathlib import Path
 
@@ -48,9 +47,11 @@ from tpfix.common import (
     Fail,
     Line,
     get_line,
+    image_tag,
     line_names,
     load_pins,
     main_wrapper,
+    read_pin_file,
     shown,
     wheel_metadata,
 )
@@ -124,15 +125,12 @@ def image_python(sdist: Path) -> str | None:
 
 def pin_facts(line: Line) -> dict:
     """The line's pin file, with every key the table needs checked."""
-    try:
-        data = tomllib.loads(line.pins.read_text())
-    except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
-        raise Fail(f"{shown(line.pins)}: cannot read ({e})") from None
+    data = read_pin_file(line.pins)
     for key in ("tag", "cuda", *WHEEL_FACTS):
         if not isinstance(data.get(key), str):
             raise Fail(
                 f'{shown(line.pins)}: no `{key} = "..."`; read it from the official '
-                "wheel's METADATA (python -m tpfix.versions documents the keys)"
+                "wheel's METADATA (python -m tpfix.support_matrix documents the keys)"
             )
     return data
 
@@ -159,8 +157,6 @@ def _braced(names: list[str]) -> str:
 
 
 def row(line: Line) -> list[str]:
-    from tpfix.image import default_base, default_tag
-
     data = pin_facts(line)
     version = _read_version(line.version_file)
     upstream = version.split("+")[0]
@@ -186,7 +182,7 @@ def row(line: Line) -> list[str]:
         data["cuda"],
         python,
         f"`{folder}/{_braced(wheels)}`",
-        f"`{default_tag(version)}` on `{default_base(line)}`",
+        f"`{image_tag(version)}` on `{line.official_image}`",
     ]
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The one patch-file parser, series reader/writer and quilt wrapper, on small
-inline patches (tpfix.patchfile, tpfix.quilt), and the scenario fields of
+inline patches (tpfix.patch_format, tpfix.quilt), and the scenario fields of
 patch headers (tpfix.replay.harness.scenario_check, replay verdicts)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.common import Fail
-from tpfix.patchfile import (
+from tpfix.patch_format import (
     Patch,
     parse_diff,
     parse_header,
@@ -175,7 +175,7 @@ def test_canonical_options():
 @needs_quilt
 def test_exact_push_then_canonical_refresh_reproduces_the_patch(tmp_path: Path):
     q = _quilt(tmp_path, LINES)
-    q.push_exact("0001-x.patch")
+    q.push_exact("0001-x.patch", tag="v9")
     assert "line 11 fixed\n" in (q.tree / "m.py").read_text()
     q.refresh()
     assert (q.patches / "0001-x.patch").read_text() == PATCH  # header kept, same bytes
@@ -194,7 +194,7 @@ def test_interactive_push_is_exact(tmp_path: Path):
 def test_an_offset_is_a_failure_naming_the_patch_and_file(tmp_path: Path):
     q = _quilt(tmp_path, "new 1\nnew 2\n" + LINES)
     with pytest.raises(Fail, match=r"0001-x.patch: applies only with an offset/fuzz in m.py"):
-        q.push_exact("0001-x.patch")
+        q.push_exact("0001-x.patch", tag="v9")
     # the generic call is quilt as given: it pushes with the offset, which offsets() finds
     assert q("pop").returncode == 0
     out = q("push", "--fuzz=0", "0001-x.patch")
@@ -214,7 +214,7 @@ def test_a_conflict_is_explained(tmp_path: Path):
 def test_a_listed_patch_must_exist(tmp_path: Path):
     q = _quilt(tmp_path, LINES)
     with pytest.raises(Fail, match=r"lists 0009-gone.patch, but .* does not exist"):
-        q.push_exact("0009-gone.patch")
+        q.push_exact("0009-gone.patch", tag="v9")
 
 
 # -- Scenario: fields and verdicts ------------------------------------------------------

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Patch files and series files of a quilt series: the one parser and writer.
 
-A patch file (patches/NNNN-*.patch, lines/TAG/NNNN-*.patch) is a header
+A patch file (patches/TAG/NNNN-*.patch) is a header
 followed by a -p1 unified diff (a/ and b/ prefixes, as quilt refreshes it
 with quilt.REFRESH_ARGS).  The header is everything above the first file
 diff; quilt keeps it on refresh.  It is in git format-patch style, with the
@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import SERIES, Fail
+from tpfix.common import Fail
 
 # Where the diff starts: the first file diff's first line.
 DIFF_START = re.compile(r"^(?:--- \S|diff |Index: )", re.M)
@@ -233,7 +233,7 @@ def diff_files(path: Path) -> list[FileDiff]:
 # -- series files ---------------------------------------------------------------------
 
 
-def read_series(series: Path = SERIES) -> list[str]:
+def read_series(series: Path) -> list[str]:
     """The patch names of `series` in order ([] when the file does not exist)."""
     if not series.exists():
         return []

@@ -13,16 +13,17 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tpfix.common import main_wrapper, sdist_pin
+from tpfix.common import get_line, main_wrapper, sdist_pin
 from tpfix.fetch import fetch_sdist
 
 
 def main() -> None:
     stamp = Path(sys.prefix) / ".vllm-common-deps"
-    pin = sdist_pin()
+    tag = get_line().tag
+    pin = sdist_pin(tag)
     if stamp.exists() and stamp.read_text() == pin.sha256:
         return
-    sdist = fetch_sdist()
+    sdist = fetch_sdist(tag)
     with tarfile.open(sdist) as tar, tempfile.TemporaryDirectory() as tmp:
         member = tar.getmember(f"vllm-{pin.version}/requirements/common.txt")
         req = Path(tmp) / "common.txt"

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The next release, prepared: python -m tpfix.maint.start_line TAG.
+
+Every line but the default one (the lines are read from patches/, so a line
+a maintainer starts is covered too) is made again from the default line's
+series, in a copy of this repository without patches/TAG/, as a maintainer
+would on the day of a release: its pins must equal the committed ones (same
+files, sha256, size, CUDA, the versions table's facts) and its classification
+the committed patches/TAG/rebase.json.  The downloads are real (pip); the
+scenario checks are the real replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tpfix.common import ROOT, Line, get_line, line_names, load_pins
+from tpfix.maint.revision import problems
+from tpfix.patch_format import read_series
+from tpfix.support_matrix import WHEEL_FACTS
+
+# downloads the sdist and both official wheels of each line, replays scenarios
+pytestmark = pytest.mark.slow
+
+DEFAULT = line_names()[0]
+
+
+def _without_pin(text: str, version: str) -> str:
+    """pins/flashinfer.toml's text without the flashinfer-python `version` artifact."""
+    start = text.find(f'[[artifact]]\nproject = "flashinfer-python"\nversion = "{version}"')
+    if start < 0:
+        return text
+    end = text.find("[[artifact]]", start + 1)
+    return text[:start] + (text[end:] if end >= 0 else "")
+
+
+@pytest.fixture(scope="module", params=line_names()[1:])
+def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProcess]:
+    tag = request.param
+    copy = tmp_path_factory.mktemp(f"start-{tag}") / "repo"
+    for part in ("scripts", "pins", "patches"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "VERSION", copy / "VERSION")
+    shutil.rmtree(copy / "patches" / tag)
+    # as on the day of a release: the FlashInfer the new tag pins has no pin yet
+    fi_version = tomllib.loads(get_line(tag).pins.read_text())["flashinfer"]
+    fi = copy / "pins" / "flashinfer.toml"
+    fi.write_text(_without_pin(fi.read_text(), fi_version))
+    assert f'version = "{fi_version}"' not in fi.read_text()
+    proc = _start_line(copy, tag, "--from", DEFAULT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tag, copy, proc
+
+
+def _start_line(copy: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(copy / "scripts"))
+    return subprocess.run(
+        [sys.executable, "-m", "tpfix.maint.start_line", *args],
+        cwd=copy,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=1800,
+    )
+
+
+def test_pins_equal_the_committed_ones(made):
+    tag, copy, _ = made
+    committed = load_pins(get_line(tag).pins)
+    ours = load_pins(copy / "patches" / tag / "pins.toml")
+    assert sorted((a for a in ours if a.role != "test"), key=str) == sorted(committed, key=str)
+    # the FlashInfer the scenario checks import, pinned from the downloaded file
+    text = (copy / "patches" / tag / "pins.toml").read_text()
+    fi_version = tomllib.loads(text)["flashinfer"]
+    pinned = [*load_pins(ROOT / "pins" / "flashinfer.toml"), *committed]
+    fi = [a for a in pinned if a.role == "test" and a.version == fi_version]
+    assert [a for a in ours if a.role == "test"] == fi
+    assert tomllib.loads(text)["cuda"] == get_line(tag).official_cuda()
+    # the versions table's facts, from the downloaded wheels and sdist
+    ours, theirs = tomllib.loads(text), tomllib.loads(get_line(tag).pins.read_text())
+    for key in (*WHEEL_FACTS, "image-python"):
+        assert ours[key] == theirs[key], key
+    assert "flashinfer-repinned" not in ours  # a re-pin is the series', added by hand
+
+
+def test_classification_equals_the_committed_one(made):
+    tag, copy, proc = made
+    folder = copy / "patches" / tag
+    ours = json.loads((folder / "rebase.json").read_text())
+    committed = json.loads((get_line(tag).patches / "rebase.json").read_text())
+    assert ours == committed
+    carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
+    assert (folder / "series").read_text().split() == carried
+    assert (folder / "VERSION").read_text() == f"{tag[1:]}+tpfix.1\n"  # its first revision
+    assert problems(Line.at(folder)) == []  # CHANGELOG.md's entry, with the fingerprint
+    left = [n for n, s in ours["patches"].items() if s == "conflicts"]
+    for name, status in ours["patches"].items():
+        assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name
+        assert (folder / name).exists() == (name in carried), name
+    # the conflicting patches are listed to port by hand; the committed line
+    # is that port: every patch not absorbed, under its name, in order
+    if left:
+        (said,) = [x for x in proc.stdout.splitlines() if x.startswith("to port by hand")]
+        assert said.endswith(": " + ", ".join(left))
+    assert read_series(get_line(tag).series) == [
+        n for n, s in ours["patches"].items() if s != "absorbed"
+    ]
+    # an absorbed verdict came from the patch's scenario, run on a tree of the tag
+    if "absorbed" in ours["patches"].values():
+        assert f": {tag} green (fixed)" in proc.stdout
+
+
+def test_an_existing_line_is_refused_and_kept(made):
+    tag, copy, _ = made
+    before = sorted(p.name for p in (copy / "patches" / tag).iterdir())
+    proc = _start_line(copy, tag)
+    assert proc.returncode == 2
+    assert f"patches/{tag} exists: the line is already there" in proc.stderr
+    assert sorted(p.name for p in (copy / "patches" / tag).iterdir()) == before
+
+
+def test_a_leftover_of_a_killed_run_and_the_default_line_are_refused(made, tmp_path):
+    _, copy, _ = made
+    leftover = copy / "patches" / "v99.0.0"
+    leftover.mkdir(exist_ok=True)
+    (leftover / "pins.toml").write_text("")
+    proc = _start_line(copy, "v99.0.0")
+    assert proc.returncode == 2
+    assert "patches/v99.0.0 has no VERSION: it was left by an interrupted run" in proc.stderr
+    assert list(leftover.iterdir()) == [leftover / "pins.toml"]
+    proc = _start_line(copy, DEFAULT)
+    assert proc.returncode == 2
+    assert f"patches/{DEFAULT} exists: the line is already there" in proc.stderr
