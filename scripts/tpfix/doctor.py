@@ -239,6 +239,7 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
         argv=words,
         capability=capability,
         backend=backend,
+        cwd=os.getcwd(),
     )
     if "error" in facts:
         facts.pop("stderr", None)
@@ -294,7 +295,9 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
 def _advice(code: int, report: dict) -> str:
     line = report["line"]
     if code == EXIT_OK:
-        return f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay."
+        return (
+            f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay."
+        )
     if code == EXIT_FIXED:
         v = report["verdict"]
         cost = ""
@@ -302,9 +305,12 @@ def _advice(code: int, report: dict) -> str:
             s, p = v["stock"]["workspace_mib_per_rank"], v["patched"]["workspace_mib_per_rank"]
             cost = (
                 f" (all-reduce workspace per rank: buffer {s['buffer_mib']:g} -> "
-                f"{p['buffer_mib']:g} MiB, Lamport {s['lamport_mib']:g} -> {p['lamport_mib']:g} MiB)"
+                f"{p['buffer_mib']:g} MiB, Lamport {s['lamport_mib']:g} -> "
+                f"{p['lamport_mib']:g} MiB)"
             )
-        return f"stock vLLM {line} crashes at start-up here; the tpfix wheel of {line} fixes it{cost}."
+        return (
+            f"stock vLLM {line} crashes at start-up here; the tpfix wheel of {line} fixes it{cost}."
+        )
     return (
         f"the tpfix wheel of {line} fails too: report this line; meanwhile start with "
         "-cc.pass_config.fuse_allreduce_rms=false (no fused all-reduce) or TP 1."
@@ -321,8 +327,7 @@ def _text(report: dict) -> str:
     ]
     if f["draft_model"]:
         out.append(
-            f"  drafter {f['draft_model']} (hidden {f['draft_hidden']}, "
-            f"method {f['spec_method']})"
+            f"  drafter {f['draft_model']} (hidden {f['draft_hidden']}, method {f['spec_method']})"
         )
     if report.get("bug_c"):
         for k in ("stock", "patched"):

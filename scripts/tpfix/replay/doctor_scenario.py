@@ -76,7 +76,13 @@ def _parser():
     return make_arg_parser(parser), validate_parsed_serve_args
 
 
-def parse(argv: list[str], capability: int = 90, backend: str = "trtllm") -> dict[str, Any]:
+def parse(
+    argv: list[str], capability: int = 90, backend: str = "trtllm", cwd: str | None = None
+) -> dict[str, Any]:
+    """The serve line's engine facts; ``cwd``: the folder the operator's
+    relative paths are relative to."""
+    if cwd:
+        os.chdir(cwd)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from tpfix.replay import bug_a
