@@ -310,4 +310,5 @@ def test_bad_serve_line_exit_3(argv, message, capsys):
     code, report, err = run_doctor(argv, capsys)
     assert code == 3, report
     assert message in report["error"], report["error"]
-    assert err.startswith("error: vllm serve: ") and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("error: vllm serve: "), err
+    assert "Traceback" not in err and "input_value" not in err

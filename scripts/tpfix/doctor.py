@@ -212,6 +212,12 @@ def _bug_b(tree: Path, facts: dict, capability: int) -> dict | None:
     return {"failures": res["failures"], "examples": res["failure_examples"]}
 
 
+def _vllm_message(message: str) -> str:
+    """The error vLLM gave, on one line, without pydantic's dump of the input."""
+    lines = [re.sub(r" \[type=.*$", "", ln).strip() for ln in message.splitlines()]
+    return " ".join(ln for ln in lines if ln and "errors.pydantic.dev" not in ln)
+
+
 def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     """Run the doctor; (exit code, report).  Fail for bad input."""
     t0 = time.monotonic()
@@ -243,7 +249,7 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     )
     if "error" in facts:
         facts.pop("stderr", None)
-        raise Fail(f"vllm serve: {facts['error']}: {facts['message']}")
+        raise Fail(f"vllm serve: {facts['error']}: {_vllm_message(facts['message'])}")
     facts["backend"] = backend
     report: dict = {
         "line": line.tag,
@@ -254,6 +260,11 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
         "simulated": SIMULATED,
         "trees": {k: str(v) for k, v in trees.items()},
     }
+    if facts["dtype"] not in ("bfloat16", "float16"):
+        report["note"] = (
+            f"dtype {facts['dtype']}: the starts are replayed with 2-byte (bfloat16) "
+            "activations, so sizes and verdicts are those of a 16-bit deployment"
+        )
     stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
     report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
     verdict: dict[str, dict] = {}
@@ -332,8 +343,9 @@ def _text(report: dict) -> str:
     if report.get("bug_c"):
         for k in ("stock", "patched"):
             out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
-    if report.get("fusion"):
-        out.append("  " + report["fusion"])
+    for key in ("fusion", "note"):
+        if report.get(key):
+            out.append("  " + report[key])
     v = report["verdict"]
     for model in v.get("stock", {}).get("models", {}):
         out.append(f"  {model}:")

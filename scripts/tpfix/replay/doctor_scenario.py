@@ -109,20 +109,20 @@ def parse(
     except SystemExit:
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
         return {"error": "ArgumentError", "message": lines[-1] if lines else "bad arguments"}
-    validate(args)
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    try:
-        _config_json(engine_args.model, "model")
-        draft = (engine_args.speculative_config or {}).get("model")
+    try:  # before vLLM looks for them (it would try the Hub)
+        _config_json(args.model, "model")
+        draft = (args.speculative_config or {}).get("model")
         if draft:
             _config_json(draft, "draft model (--speculative-config)")
     except BadInput as e:
         return _bad(str(e))
+    validate(args)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
     cfg = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     spec = cfg.speculative_config
     dmc = getattr(spec, "draft_model_config", None) if spec else None
