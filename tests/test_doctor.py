@@ -312,3 +312,17 @@ def test_bad_serve_line_exit_3(argv, message, capsys):
     assert message in report["error"], report["error"]
     assert err.splitlines()[-1].startswith("error: vllm serve: "), err
     assert "Traceback" not in err and "input_value" not in err
+
+
+@pytest.mark.slow
+def test_seed_000_on_v0_33_0(capsys):
+    """v0.33.0 sizes the pass for max(target, draft) (vllm#52193): the cold
+    start works; the warm start (no pass, the target's op creates it) still
+    dies of the seed's message; the line's patched tree starts both."""
+    code, report, _ = run_doctor(["--line", "v0.33.0", *SEED_000_LINE], capsys)
+    assert code == doctor.EXIT_FIXED, report
+    stock, patched = report["verdict"]["stock"], report["verdict"]["patched"]
+    assert stock["starts"]["cold"] is None
+    assert bug_a.SEED_MESSAGE in stock["starts"]["warm"], stock["starts"]
+    assert stock["models"]["draft"]["result"] == {"warm": stock["starts"]["warm"]}
+    assert not any(patched["starts"].values()), patched["starts"]
