@@ -176,8 +176,10 @@ def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
             "fused_tokens": _ranges(run["warm"], model),
             "oneshot_max_tokens": run["warm"].get("oneshot_max_tokens", {}).get(model),
         }
-    ws = run["warm"].get("workspace") or run["cold"].get("workspace")
+    start = "warm" if run["warm"].get("workspace") else "cold"
+    ws = run[start].get("workspace")
     return {
+        "workspace_start": start,
         "starts": starts,
         "models": models,
         "workspace": ws,
@@ -363,8 +365,8 @@ def _text(report: dict) -> str:
         if mib:
             shape = f" ({ws['max_token_num']} x {ws['hidden_dim']})" if "hidden_dim" in ws else ""
             out.append(
-                f"  workspace {k}{shape}: buffer {mib['buffer_mib']:g} MiB, "
-                f"Lamport {mib['lamport_mib']:g} MiB per rank"
+                f"  workspace {k}, {v[k]['workspace_start']} start{shape}: "
+                f"buffer {mib['buffer_mib']:g} MiB, Lamport {mib['lamport_mib']:g} MiB per rank"
             )
         sweep = v[k]["starts"].get("bug_b_sweep")
         if sweep:
