@@ -18,7 +18,7 @@ workspace holds (buffer and Lamport bytes per rank, read from FlashInfer's
 real workspace objects that bug_a builds) and the one-shot/two-shot boundary
 as the tree's fusion code and FlashInfer decide it.
 
-Uses from bug_a only: setup, cold_start, warm_start_capture_order.
+Uses from bug_a only: setup, cold_start, warm_start_capture_order, new_process.
 """
 
 from __future__ import annotations
