@@ -6,9 +6,13 @@
 # Options: --arch x86_64|aarch64, --dist DIR (see scripts/tpfix/pipeline.py);
 # --line TAG: another release line (patches/TAG/); --image: then the container image
 # from that wheel (Dockerfile, scripts/tpfix/image.py).
+# ./build.sh doctor [...] -- vllm serve ...: preflight of a serve line (scripts/tpfix/doctor.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt
+case "${1:-}" in
+doctor) shift; exec "$VENV_PY" -m tpfix.doctor "$@" ;;
+esac
 exec "$VENV_PY" -m tpfix.pipeline "$@"

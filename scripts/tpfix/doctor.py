@@ -1,0 +1,394 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""Preflight: will this `vllm serve` line crash, and what does our wheel change.
+
+    ./build.sh doctor [--gpu sm90|sm100|sm103] [--allreduce-backend trtllm|mnnvl]
+                      [--python 3.11|3.12] [--line v0.27.1|v0.33.0] [--json]
+                      -- vllm serve MODEL [vLLM's own options]
+
+No GPU, no download.  The serve line is parsed by the line's own vLLM
+(its serve argument parser, ``AsyncEngineArgs.from_cli_args`` and
+``create_engine_config``) in a subprocess against the pristine tree; model
+and draft configurations come from a local folder or the local Hugging Face
+cache (HF_HUB_OFFLINE=1).  Then the deployment's cold start and warm start
+(AOT cache; profile run, then CUDA graph capture largest size first) run on
+the pristine and on the patched tree of the line (tpfix.replay.doctor_scenario,
+built on the bug A replay; with MNNVL and two widths also bug B's sweep).
+Bug C (FlashInfer's import on Python < 3.12) is decided by reading the
+FlashInfer release each tree pins.
+
+Exit code: 0 unaffected, 1 stock vLLM fails and the patched wheel fixes it,
+2 the patched wheel fails too, 3 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tpfix.common import Fail, get_line
+from tpfix.patch import cached_tree
+from tpfix.patchfile import read_series
+from tpfix.replay.harness import flashinfer_site, pinned_flashinfer, run_scenario
+
+GPUS = {"sm90": 90, "sm100": 100, "sm103": 103}
+PYTHONS = ("3.10", "3.11", "3.12")
+SIMULATED = (
+    "simulated (no GPU): the device (CUDA platform, the chosen SM capability, its name "
+    "and memory), torch.distributed (a fake TP group), GPU allocation (FlashInfer's real "
+    "workspace classes sized by FlashInfer's own formulas, at MNNVL allocation granularity "
+    "1), CUDA graph capture (a flag) and the kernels (CPU references); real: the line's "
+    "vLLM configuration, worker, fusion pass and fused op code and FlashInfer's Python "
+    "checks; bug C by reading FlashInfer's source"
+)
+BUG_C_MESSAGE = "TypeError: type 'array.array' is not subscriptable"
+EXIT_OK, EXIT_FIXED, EXIT_STILL, EXIT_BAD = 0, 1, 2, 3
+MiB = 1024 * 1024
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # bad doctor options are bad input: exit 3
+        raise Fail(f"doctor: {message}")
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    ap = _Parser(prog="build.sh doctor", description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="sm90", help="sm90 (default), sm100 or sm103")
+    ap.add_argument("--allreduce-backend", choices=("trtllm", "mnnvl"), default=None)
+    ap.add_argument("--python", default="3.12", help="the deployment's Python (3.12)")
+    ap.add_argument("--line", default=None, help="release line (default: v0.27.1)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("serve", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
+    args = ap.parse_args(argv)
+    if args.gpu not in GPUS:
+        raise Fail(f"doctor: unknown --gpu {args.gpu!r}; one of {', '.join(GPUS)}")
+    if args.python not in PYTHONS:
+        raise Fail(f"doctor: unknown --python {args.python!r}; one of {', '.join(PYTHONS)}")
+    return args
+
+
+def serve_argv(words: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The options after `vllm serve`, and the VAR=value words before it."""
+    if words[:1] == ["--"]:
+        words = words[1:]
+    env = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        k, _, v = words.pop(0).partition("=")
+        env[k] = v
+    if words[:2] != ["vllm", "serve"]:
+        raise Fail(
+            "doctor: give the serve line after --, as written: "
+            "./build.sh doctor -- vllm serve MODEL [options]"
+        )
+    return words[2:], env
+
+
+def bug_c(tree: Path, python: str) -> str | None:
+    """FlashInfer's import error on `python`, by reading the pinned release:
+    a module of flashinfer.comm that evaluates `array.array[...]` at import
+    (no postponed annotations) raises TypeError before Python 3.12."""
+    if tuple(map(int, python.split("."))) >= (3, 12):
+        return None
+    comm = flashinfer_site(pinned_flashinfer(tree)) / "flashinfer" / "comm"
+    for f in sorted(comm.rglob("*.py")):
+        text = f.read_text()
+        if re.search(r"array\.array\[", text) and "from __future__ import annotations" not in text:
+            return f"{BUG_C_MESSAGE} (flashinfer/comm/{f.relative_to(comm).as_posix()})"
+    return None
+
+
+def _trees(line) -> dict[str, Path]:
+    """Pristine and patched trees of the line, and the tree the stock bug A/B
+    replays run on: on a host whose Python hits bug C with the pristine
+    FlashInfer, the shortest prefix of the series that fixes it (the vLLM
+    code of the pristine tree, with the FlashInfer release of that prefix)."""
+    kw = dict(tag=line.tag, series=line.series, patches=line.patches)
+    trees = {"stock": cached_tree(upto="", **kw), "patched": cached_tree(upto=None, **kw)}
+    replay = trees["stock"]
+    host = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if bug_c(replay, host):
+        for name in read_series(line.series):
+            replay = cached_tree(upto=name, **kw)
+            if not bug_c(replay, host):
+                break
+    trees["stock_replay"] = replay
+    return trees
+
+
+_WIDTH = re.compile(r"hidden_dim \((\d+)\)")
+
+
+def _attribute(result: dict, facts: dict) -> str | None:
+    """Which model's tensor a start's error came from, where it says so."""
+    if "error" not in result:
+        return None
+    at = result.get("at") or ""
+    for model in ("draft", "target"):
+        if f":{model}:" in at:
+            return model
+    m = _WIDTH.search(result.get("message", ""))
+    if m and facts.get("draft_hidden") == int(m.group(1)) != facts["target_hidden"]:
+        return "draft"
+    return "target" if m else "engine"
+
+
+def _error(result: dict) -> str | None:
+    if "error" not in result:
+        return None
+    msg = " ".join(result.get("message", "").split())
+    return f"{result['error']}: {msg}" + (f" (at {result['at']})" if result.get("at") else "")
+
+
+def _ranges(result: dict, model: str) -> str:
+    fused = (result.get("fused_ranges") or {}).get(model)
+    if not fused:
+        return "none"
+    return ", ".join(f"{a}-{b}" for a, b in fused)
+
+
+def _mib(ws: dict | None) -> dict | None:
+    if not ws:
+        return None
+    return {"buffer_mib": ws["buffer_bytes"] / MiB, "lamport_mib": ws["lamport_bytes"] / MiB}
+
+
+def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
+    """One tree's verdict: per start its error; per model what it got."""
+    starts = {order: _error(run[order]) for order in ("cold", "warm")}
+    if extra is not None:
+        starts["bug_b_sweep"] = extra
+    models = {}
+    for model in ("target", "draft"):
+        if model == "draft" and facts.get("draft_hidden") is None:
+            continue
+        errors = {
+            o: starts[o] for o in ("cold", "warm") if _attribute(run[o], facts) in (model, "engine")
+        }
+        models[model] = {
+            "hidden": facts[f"{model}_hidden"],
+            "result": errors or None,
+            "fused_tokens": _ranges(run["warm"], model),
+            "oneshot_max_tokens": run["warm"].get("oneshot_max_tokens", {}).get(model),
+        }
+    start = "warm" if run["warm"].get("workspace") else "cold"
+    ws = run[start].get("workspace")
+    return {
+        "workspace_start": start,
+        "starts": starts,
+        "models": models,
+        "workspace": ws,
+        "workspace_mib_per_rank": _mib(ws),
+        "failed": any(v for k, v in starts.items() if k != "bug_b_sweep")
+        or bool(extra and extra.get("failures")),
+    }
+
+
+def _bug_b(tree: Path, facts: dict, capability: int) -> dict | None:
+    """bug_b's sweep (every fused token count of each width through the real
+    op) when a tensor narrower than the workspace meets MNNVL."""
+    widths = [facts["target_hidden"], facts.get("draft_hidden")]
+    widths = sorted({w for w in widths if w}, reverse=True)
+    if facts["backend"] != "mnnvl" or len(widths) < 2:
+        return None
+    limit = facts["max_num_batched_tokens"]
+    counts = None if limit <= 1024 else sorted({*range(1, 129), *range(128, limit + 1, 64)})
+    res = run_scenario(
+        tree,
+        "bug_b:run_case",
+        backend="mnnvl",
+        capability=capability,
+        tp=facts["tp"],
+        widths=widths,
+        dtype=facts["dtype"] if facts["dtype"] in ("bfloat16", "float16") else "bfloat16",
+        limit=limit,
+        token_counts=counts,
+    )
+    if "error" in res:
+        return {"error": _error(res), "failures": 1}
+    return {"failures": res["failures"], "examples": res["failure_examples"]}
+
+
+def _vllm_message(message: str) -> str:
+    """The error vLLM gave, on one line, without pydantic's dump of the input."""
+    lines = [re.sub(r" \[type=.*$", "", ln).strip() for ln in message.splitlines()]
+    return " ".join(ln for ln in lines if ln and "errors.pydantic.dev" not in ln)
+
+
+def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
+    """Run the doctor; (exit code, report).  Fail for bad input."""
+    t0 = time.monotonic()
+    args = _args(argv)
+    line = get_line(args.line)
+    if line.tag == "v0.33.0" and args.python == "3.10":
+        raise Fail("doctor: vLLM v0.33.0 needs Python >= 3.11; --python 3.11 or 3.12")
+    words, env = serve_argv(args.serve)
+    capability = GPUS[args.gpu]
+    backend = args.allreduce_backend or env.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
+    if backend not in ("trtllm", "mnnvl"):
+        backend = "trtllm"
+        assumed = "trtllm (auto-selected on a device without MNNVL multicast; "
+        assumed += "pass --allreduce-backend mnnvl where it picks MNNVL)"
+    else:
+        assumed = backend
+    step = lambda s: progress(f"doctor: [{time.monotonic() - t0:5.1f}s] {s}")  # noqa: E731
+    step(f"trees of {line.tag} (pristine, patched)")
+    trees = _trees(line)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    step("parsing the serve line with vLLM's own parser and engine args (pristine tree)")
+    facts = run_scenario(
+        trees["stock_replay"],
+        "doctor_scenario:parse",
+        argv=words,
+        capability=capability,
+        backend=backend,
+        cwd=os.getcwd(),
+    )
+    if "error" in facts:
+        facts.pop("stderr", None)
+        raise Fail(f"vllm serve: {facts['error']}: {_vllm_message(facts['message'])}")
+    facts["backend"] = backend
+    report: dict = {
+        "line": line.tag,
+        "gpu": args.gpu,
+        "python": args.python,
+        "allreduce_backend": assumed,
+        "facts": facts,
+        "simulated": SIMULATED,
+        "trees": {k: str(v) for k, v in trees.items()},
+    }
+    if facts["dtype"] not in ("bfloat16", "float16"):
+        report["note"] = (
+            f"dtype {facts['dtype']}: the starts are replayed with 2-byte (bfloat16) "
+            "activations, so sizes and verdicts are those of a 16-bit deployment"
+        )
+    stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
+    report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
+    verdict: dict[str, dict] = {}
+    if facts["tp"] > 1 and facts["fuse_allreduce_rms"]:
+        kw = {
+            k: facts[k]
+            for k in ("target_hidden", "draft_hidden", "tp", "max_num_batched_tokens", "dtype")
+        }
+        kw.update(capability=capability, backend=backend)
+        step("cold and warm start, stock and patched (in parallel)")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            runs = {
+                k: pool.submit(run_scenario, trees[t], "doctor_scenario:deployment", **kw)
+                for k, t in (("stock", "stock_replay"), ("patched", "patched"))
+            }
+            extras = {
+                k: pool.submit(_bug_b, trees[t], facts, capability)
+                for k, t in (("stock", "stock_replay"), ("patched", "patched"))
+            }
+            for k in runs:
+                run = runs[k].result()
+                if "error" in run:
+                    raise Fail(f"doctor: the {k} replay broke: {_error(run)}")
+                verdict[k] = _summary(run, facts, extras[k].result())
+    else:
+        why = "TP = 1" if facts["tp"] <= 1 else "fuse_allreduce_rms is off for this deployment"
+        report["fusion"] = f"no fused all-reduce ({why}): bugs A and B cannot occur"
+    report["verdict"] = verdict
+    stock_fails = bool(stock_c) or any(v["failed"] for k, v in verdict.items() if k == "stock")
+    patched_fails = bool(patched_c) or bool(verdict and verdict["patched"]["failed"])
+    code = EXIT_STILL if patched_fails else EXIT_FIXED if stock_fails else EXIT_OK
+    report["exit_code"] = code
+    report["advice"] = _advice(code, report)
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    step("done")
+    return code, report
+
+
+def _advice(code: int, report: dict) -> str:
+    line = report["line"]
+    if code == EXIT_OK:
+        return (
+            f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay."
+        )
+    if code == EXIT_FIXED:
+        v = report["verdict"]
+        cost = ""
+        if v and v["stock"]["workspace_mib_per_rank"] and v["patched"]["workspace_mib_per_rank"]:
+            s, p = v["stock"]["workspace_mib_per_rank"], v["patched"]["workspace_mib_per_rank"]
+            cost = (
+                f" (all-reduce workspace per rank: buffer {s['buffer_mib']:g} -> "
+                f"{p['buffer_mib']:g} MiB, Lamport {s['lamport_mib']:g} -> "
+                f"{p['lamport_mib']:g} MiB)"
+            )
+        return (
+            f"stock vLLM {line} crashes at start-up here; the tpfix wheel of {line} fixes it{cost}."
+        )
+    return (
+        f"the tpfix wheel of {line} fails too: report this line; meanwhile start with "
+        "-cc.pass_config.fuse_allreduce_rms=false (no fused all-reduce) or TP 1."
+    )
+
+
+def _text(report: dict) -> str:
+    f = report["facts"]
+    out = [
+        f"vLLM {report['line']} on {report['gpu']}, Python {report['python']}, "
+        f"all-reduce backend {report['allreduce_backend']}",
+        f"  target {f['model']} (hidden {f['target_hidden']}), dtype {f['dtype']}, TP {f['tp']}, "
+        f"max_num_batched_tokens {f['max_num_batched_tokens']}",
+    ]
+    if f["draft_model"]:
+        out.append(
+            f"  drafter {f['draft_model']} (hidden {f['draft_hidden']}, method {f['spec_method']})"
+        )
+    if report.get("bug_c"):
+        for k in ("stock", "patched"):
+            out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
+    for key in ("fusion", "note"):
+        if report.get(key):
+            out.append("  " + report[key])
+    v = report["verdict"]
+    for model in v.get("stock", {}).get("models", {}):
+        out.append(f"  {model}:")
+        for k in ("stock", "patched"):
+            m = v[k]["models"][model]
+            res = m["result"]
+            shown = "; ".join(f"{o} start: {e}" for o, e in res.items()) if res else "ok"
+            out.append(f"    {k:8s} {shown}")
+            out.append(
+                f"             fused tokens {m['fused_tokens']}; one-shot up to "
+                f"{m['oneshot_max_tokens']} tokens, two-shot above"
+            )
+    for k in v:
+        ws, mib = v[k]["workspace"], v[k]["workspace_mib_per_rank"]
+        if mib:
+            shape = f" ({ws['max_token_num']} x {ws['hidden_dim']})" if "hidden_dim" in ws else ""
+            out.append(
+                f"  workspace {k}, {v[k]['workspace_start']} start{shape}: "
+                f"buffer {mib['buffer_mib']:g} MiB, Lamport {mib['lamport_mib']:g} MiB per rank"
+            )
+        sweep = v[k]["starts"].get("bug_b_sweep")
+        if sweep:
+            out.append(f"  MNNVL sweep {k}: {sweep.get('failures')} failing token counts")
+    out.append("  " + report["simulated"])
+    out.append(f"advice: {report['advice']}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    try:
+        code, report = diagnose(argv, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    except Fail as e:
+        if as_json:
+            print(json.dumps({"exit_code": EXIT_BAD, "error": str(e)}))
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD
+    print(json.dumps(report, indent=1) if as_json else _text(report))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

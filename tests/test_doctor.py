@@ -1,0 +1,328 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The preflight command (tpfix.doctor): a `vllm serve` line as the operator
+writes it, parsed by the line's own vLLM, its cold and warm start replayed on
+the pristine and on the patched tree (scripts/tpfix/replay/doctor_scenario.py).
+
+The deployments use model configurations shipped under tests/fixtures/models
+(the public config.json fields vLLM reads; nothing is downloaded).  Each one's
+verdict is checked against the replay's own scenarios (bug_a:cold_start and
+bug_a:warm_start_capture_order, run separately, with the hidden sizes written
+here, not taken from the doctor) on the same trees.
+
+Fast tier: bad doctor options (no subprocess), bug C's reading of FlashInfer
+against the real import on this host's Python, build.sh's `doctor` case.
+Slow: everything that parses a serve line or replays a start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tpfix import doctor
+from tpfix.common import get_line
+from tpfix.replay import bug_a
+from tpfix.replay.harness import run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "tests" / "fixtures" / "models"
+HOST = f"{sys.version_info[0]}.{sys.version_info[1]}"
+SEED_001_MESSAGE = "Buffer: 1179648 bytes, Required: 3932160 bytes"
+
+
+def serve(model: str, *opts: str) -> list[str]:
+    return ["--", "vllm", "serve", str(MODELS / model), *opts]
+
+
+def spec(draft: str, method: str = "draft_model") -> list[str]:
+    cfg = {"method": method, "model": str(MODELS / draft), "num_speculative_tokens": 3}
+    return ["--speculative-config", json.dumps(cfg)]
+
+
+def run_doctor(argv: list[str], capsys) -> tuple[int, dict | None, str]:
+    """main(--json ...): exit code, the JSON report, stderr."""
+    code = doctor.main(["--json", *argv])
+    out, err = capsys.readouterr()
+    return code, json.loads(out), err
+
+
+# -- fast -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu", "sm80", *serve("Qwen3-8B")], "unknown --gpu 'sm80'; one of sm90, sm100, sm103"),
+        (["--python", "3.9", *serve("Qwen3-8B")], "unknown --python '3.9'"),
+        (["--allreduce-backend", "nccl", *serve("Qwen3-8B")], "invalid choice: 'nccl'"),
+        (["--", "python", "serve.py"], "give the serve line after --"),
+        (["--line", "v9.9.9", *serve("Qwen3-8B")], "no release line 'v9.9.9'"),
+    ],
+)
+def test_bad_doctor_options_exit_3(argv, message, capsys):
+    code, report, err = run_doctor(argv, capsys)
+    assert code == doctor.EXIT_BAD == 3
+    assert message in report["error"] and err.startswith("error: "), (report, err)
+    assert "Traceback" not in err
+
+
+def test_build_sh_doctor_runs_the_doctor():
+    proc = subprocess.run(
+        [str(ROOT / "build.sh"), "doctor", "--gpu", "sm1", "--", "vllm", "serve", "m"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "error: doctor: unknown --gpu 'sm1'" in proc.stderr
+
+
+def test_bug_c_reading_agrees_with_the_real_import():
+    """doctor.bug_c reads FlashInfer's source; on this host's Python it must
+    say what the real import (bug_c scenario) does, on the pristine tree
+    (FlashInfer 0.6.16.post3) and on the patched one."""
+    trees = doctor._trees(get_line(None))
+    for name in ("stock", "patched"):
+        res = run_scenario(trees[name], "bug_c:import_flashinfer_all_reduce")
+        reading = doctor.bug_c(trees[name], HOST)
+        if "error" in res:
+            assert reading and reading.startswith(doctor.BUG_C_MESSAGE), (name, reading)
+            assert f"{res['error']}: {res['message']}" == doctor.BUG_C_MESSAGE, res
+        else:
+            assert reading is None and res["fi_ar_available"] is True, (name, res)
+    # whatever the host: 3.11 hits it on the pristine tree only, 3.12 nowhere
+    assert doctor.bug_c(trees["stock"], "3.11").startswith(doctor.BUG_C_MESSAGE)
+    assert doctor.bug_c(trees["patched"], "3.11") is None
+    assert doctor.bug_c(trees["stock"], "3.12") is None
+
+
+# -- slow: seeds ----------------------------------------------------------------
+
+SEED_000_LINE = serve(
+    "Qwen3-30B-A3B", "--tensor-parallel-size", "2", *spec("Qwen3-4B"),
+    "--max-num-batched-tokens", "8192",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_seed_000(capsys):
+    code, report, err = run_doctor(["--gpu", "sm90", *SEED_000_LINE], capsys)
+    assert code == doctor.EXIT_FIXED, report
+    f = report["facts"]
+    assert (f["target_hidden"], f["draft_hidden"], f["tp"]) == (2048, 2560, 2)
+    assert (f["max_num_batched_tokens"], f["dtype"], f["spec_method"]) == (
+        8192,
+        "bfloat16",
+        "draft_model",
+    )
+    stock, patched = report["verdict"]["stock"], report["verdict"]["patched"]
+    for start in ("cold", "warm"):
+        assert bug_a.SEED_MESSAGE in stock["models"]["draft"]["result"][start], stock
+    assert stock["models"]["target"]["result"] is None
+    assert all(m["result"] is None for m in patched["models"].values()), patched
+    assert not any(patched["starts"].values())
+    assert stock["workspace_mib_per_rank"] == {"buffer_mib": 64, "lamport_mib": 192}
+    assert patched["workspace_mib_per_rank"] == {"buffer_mib": 80, "lamport_mib": 240}
+    assert patched["models"]["draft"]["fused_tokens"] == "1-8192"
+    assert "simulated" in report["simulated"] and "doctor: [" in err  # progress lines
+
+
+@pytest.mark.slow
+def test_seed_000_text_and_python_3_11(capsys):
+    code = doctor.main(["--python", "3.11", *SEED_000_LINE])
+    out, _ = capsys.readouterr()
+    assert code == doctor.EXIT_FIXED
+    assert "FlashInfer import (stock): " + doctor.BUG_C_MESSAGE in out
+    assert "FlashInfer import (patched): ok" in out
+    assert bug_a.SEED_MESSAGE in out and "advice: stock vLLM v0.27.1 crashes" in out
+    assert "buffer 64 -> 80 MiB, Lamport 192 -> 240 MiB" in out
+
+
+@pytest.mark.slow
+def test_seed_001(capsys):
+    """Seed 001's message came from a nightly that forced vLLM's one-shot table
+    on MNNVL; v0.27.1 leaves MNNVL to FlashInfer (vllm#47589), so the doctor
+    finds the deployment unaffected, with the seed's arithmetic (fused N <= 42,
+    FlashInfer one-shot N <= 10, buffer 1179648 bytes), and the same tree with
+    vLLM's table forced (bug_b:seed_replay) gives the seed's exact message."""
+    argv = ["--allreduce-backend", "mnnvl", *serve("seed001-hidden6144", "-tp", "8")]
+    code, report, _ = run_doctor(argv, capsys)
+    assert code == doctor.EXIT_OK, report
+    stock = report["verdict"]["stock"]
+    assert stock["models"]["target"]["fused_tokens"] == "1-42"
+    assert stock["models"]["target"]["oneshot_max_tokens"] == 10
+    assert stock["workspace"]["buffer_bytes"] == 1179648
+    forced = run_scenario(Path(report["trees"]["stock_replay"]), "bug_b:seed_replay")
+    assert SEED_001_MESSAGE in forced["policy_error_at_40"], forced.get("policy_error_at_40")
+
+
+# -- slow: deployments against the replay's own verdict -----------------------------
+
+
+def deployment(name, model, serve_opts, target, draft, opts=(), capability=90, backend="trtllm"):
+    """One case: the serve line's model and options, the hidden sizes the
+    fixtures have (target, draft), the doctor's own options."""
+    return pytest.param(
+        (model, list(serve_opts), target, draft, list(opts), capability, backend), id=name
+    )
+
+
+MNNVL = ["--allreduce-backend", "mnnvl"]
+DEPLOYMENTS = [
+    deployment("qwen3-30b-a3b+4b", "Qwen3-30B-A3B", ["-tp", "2", *spec("Qwen3-4B")], 2048, 2560),
+    deployment("qwen3-1.7b+4b-tp4", "Qwen3-1.7B", ["-tp", "4", *spec("Qwen3-4B")], 2048, 2560),
+    deployment("qwen3-8b+0.6b", "Qwen3-8B", ["-tp", "2", *spec("Qwen3-0.6B")], 4096, 1024),
+    deployment(
+        "llama-70b+1b-tp8",
+        "Llama-3.1-70B-Instruct",
+        ["-tp", "8", *spec("Llama-3.2-1B-Instruct")],
+        8192,
+        2048,
+    ),
+    deployment(
+        "llama-1b+3b-sm100",
+        "Llama-3.2-1B-Instruct",
+        ["-tp", "2", *spec("Llama-3.2-3B-Instruct")],
+        2048,
+        3072,
+        opts=["--gpu", "sm100"],
+        capability=100,
+    ),
+    deployment(
+        "llama-8b+eagle",
+        "Llama-3.1-8B-Instruct",
+        ["-tp", "2", *spec("EAGLE-LLaMA3.1-Instruct-8B", "eagle")],
+        4096,
+        4096,
+    ),
+    deployment(
+        "qwen3-32b-tp4-sm103",
+        "Qwen3-32B",
+        ["-tp", "4"],
+        5120,
+        None,
+        opts=["--gpu", "sm103"],
+        capability=103,
+    ),
+    deployment("llama-70b-tp8", "Llama-3.1-70B-Instruct", ["-tp", "8"], 8192, None),
+    deployment(
+        "qwen3-30b-a3b+4b-2048",
+        "Qwen3-30B-A3B",
+        ["-tp", "2", *spec("Qwen3-4B"), "--max-num-batched-tokens", "2048"],
+        2048,
+        2560,
+    ),
+    deployment(
+        "qwen3-30b-a3b+4b-mnnvl",
+        "Qwen3-30B-A3B",
+        ["-tp", "2", *spec("Qwen3-4B")],
+        2048,
+        2560,
+        opts=MNNVL,
+        backend="mnnvl",
+    ),
+    deployment(
+        "qwen3-8b+1.7b-mnnvl-tp8-sm100",
+        "Qwen3-8B",
+        ["-tp", "8", *spec("Qwen3-1.7B")],
+        4096,
+        2048,
+        opts=[*MNNVL, "--gpu", "sm100"],
+        capability=100,
+        backend="mnnvl",
+    ),
+    deployment(
+        "llama-8b+1b-fp16",
+        "Llama-3.1-8B-Instruct",
+        ["-tp", "2", "--dtype", "float16", *spec("Llama-3.2-1B-Instruct")],
+        4096,
+        2048,
+    ),
+]
+
+
+def _replay(tree: Path, kw: dict) -> dict:
+    """The replay's own cold and warm start (each its own interpreter)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {
+            "cold": pool.submit(run_scenario, tree, "bug_a:cold_start", **kw),
+            "warm": pool.submit(run_scenario, tree, "bug_a:warm_start_capture_order", **kw),
+        }
+        return {k: f.result() for k, f in runs.items()}
+
+
+def _errors(runs: dict) -> dict:
+    return {k: doctor._error(r) for k, r in runs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", DEPLOYMENTS)
+def test_deployment_agrees_with_the_replay(case, capsys):
+    model, serve_opts, target, draft, opts, capability, backend = case
+    code, report, _ = run_doctor([*opts, *serve(model, *serve_opts)], capsys)
+    f = report["facts"]
+    assert (f["target_hidden"], f["draft_hidden"]) == (target, draft), f
+    kw = dict(
+        target_hidden=target,
+        draft_hidden=draft,
+        tp=f["tp"],
+        capability=capability,
+        max_num_batched_tokens=f["max_num_batched_tokens"],
+        backend=backend,
+    )
+    trees = {k: Path(v) for k, v in report["trees"].items()}
+    failed = {}
+    for which, tree in (("stock", trees["stock_replay"]), ("patched", trees["patched"])):
+        replay = _errors(_replay(tree, kw))
+        starts = report["verdict"][which]["starts"]
+        assert {k: starts[k] for k in ("cold", "warm")} == replay, (which, starts, replay)
+        sweep = starts.get("bug_b_sweep") or {}
+        failed[which] = any(replay.values()) or bool(sweep.get("failures"))
+    expect = 2 if failed["patched"] else 1 if failed["stock"] else 0
+    assert code == expect == report["exit_code"], (code, failed)
+
+
+# -- slow: bad serve lines ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--", "vllm", "serve", "/nonexistent/model", "-tp", "2"],
+         "model /nonexistent/model: /nonexistent/model/config.json does not exist"),
+        (["--", "vllm", "serve", "no-such-org/no-such-model"],
+         "no config.json in the local Hugging Face cache"),
+        (serve("Qwen3-8B", "-tp", "2", "--speculative-config", "{model: x"),
+         "argument --speculative-config/-sc"),
+        (serve("Llama-3.1-8B-Instruct", "--tensor-parallel-size", "3"),
+         "must be divisible by tensor parallel size (3)"),
+        (serve("Qwen3-8B", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
+    ],
+)  # fmt: skip
+def test_bad_serve_line_exit_3(argv, message, capsys):
+    code, report, err = run_doctor(argv, capsys)
+    assert code == 3, report
+    assert message in report["error"], report["error"]
+    assert err.splitlines()[-1].startswith("error: vllm serve: "), err
+    assert "Traceback" not in err and "input_value" not in err
+
+
+@pytest.mark.slow
+def test_seed_000_on_v0_33_0(capsys):
+    """v0.33.0 sizes the pass for max(target, draft) (vllm#52193): the cold
+    start works; the warm start (no pass, the target's op creates it) still
+    dies of the seed's message; the line's patched tree starts both."""
+    code, report, _ = run_doctor(["--line", "v0.33.0", *SEED_000_LINE], capsys)
+    assert code == doctor.EXIT_FIXED, report
+    stock, patched = report["verdict"]["stock"], report["verdict"]["patched"]
+    assert stock["starts"]["cold"] is None
+    assert bug_a.SEED_MESSAGE in stock["starts"]["warm"], stock["starts"]
+    assert stock["models"]["draft"]["result"] == {"warm": stock["starts"]["warm"]}
+    assert not any(patched["starts"].values()), patched["starts"]
