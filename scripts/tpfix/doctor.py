@@ -32,10 +32,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+
 from tpfix.common import Fail, get_line
 from tpfix.patch import cached_tree
-from tpfix.patchfile import read_series
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import flashinfer_site, pinned_flashinfer, run_scenario
+from tpfix.support_matrix import pin_facts
 
 GPUS = {"sm90": 90, "sm100": 100, "sm103": 103}
 PYTHONS = ("3.10", "3.11", "3.12")
@@ -108,13 +111,12 @@ def _trees(line) -> dict[str, Path]:
     replays run on: on a host whose Python hits bug C with the pristine
     FlashInfer, the shortest prefix of the series that fixes it (the vLLM
     code of the pristine tree, with the FlashInfer release of that prefix)."""
-    kw = dict(tag=line.tag, series=line.series, patches=line.patches)
-    trees = {"stock": cached_tree(upto="", **kw), "patched": cached_tree(upto=None, **kw)}
+    trees = {"stock": cached_tree(line, upto=""), "patched": cached_tree(line, upto=None)}
     replay = trees["stock"]
     host = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if bug_c(replay, host):
         for name in read_series(line.series):
-            replay = cached_tree(upto=name, **kw)
+            replay = cached_tree(line, upto=name)
             if not bug_c(replay, host):
                 break
     trees["stock_replay"] = replay
@@ -225,8 +227,9 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     t0 = time.monotonic()
     args = _args(argv)
     line = get_line(args.line)
-    if line.tag == "v0.33.0" and args.python == "3.10":
-        raise Fail("doctor: vLLM v0.33.0 needs Python >= 3.11; --python 3.11 or 3.12")
+    requires = pin_facts(line)["requires-python"]  # the official wheel's Requires-Python
+    if args.python not in SpecifierSet(requires):
+        raise Fail(f"doctor: vLLM {line.tag} needs Python {requires}; pass another --python")
     words, env = serve_argv(args.serve)
     capability = GPUS[args.gpu]
     backend = args.allreduce_backend or env.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
