@@ -16,8 +16,9 @@ import pytest
 from test_release import _publish_small, _sha
 
 from tpfix import sbom
-from tpfix.common import Fail, get_line, read_version
+from tpfix.lines import get_line, read_version
 from tpfix.patch_format import read_series
+from tpfix.util import Fail
 
 
 def _defect(patch: dict) -> dict:

@@ -73,18 +73,11 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tpfix.common import (
-    Fail,
-    Line,
-    get_line,
-    line_names,
-    main_wrapper,
-    shown,
-    wheel_arch,
-    wheel_message,
-)
+from tpfix.lines import Line, get_line, line_names
 from tpfix.package import add_to_dist, find_wheel
 from tpfix.triage import load_triage
+from tpfix.util import Fail, main_wrapper, shown
+from tpfix.wheelfile import wheel_arch, wheel_message
 from tpfix.worklock import dist_lock
 
 # glibc of the Ubuntu release the official image's docker/Dockerfile names.

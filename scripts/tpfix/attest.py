@@ -47,17 +47,9 @@ from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from tpfix.common import (
-    ROOT,
-    Fail,
-    Line,
-    main_wrapper,
-    revision,
-    sha256_file,
-    source_url,
-    write_atomic,
-)
+from tpfix.lines import Line
 from tpfix.patch_format import read_series
+from tpfix.util import ROOT, Fail, main_wrapper, revision, sha256_file, source_url, write_atomic
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

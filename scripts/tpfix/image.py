@@ -48,30 +48,31 @@ from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 
-from tpfix.common import (
-    ROOT,
-    Fail,
+from tpfix.lines import (
     Line,
     Release,
-    add_sign_arg,
     dist_state,
     get_line,
     image_tag,
     line_names,
     load_pins,
+    read_version,
+)
+from tpfix.package import add_to_dist, find_wheel, wheel_entry
+from tpfix.patch_format import read_series, series_digest
+from tpfix.util import (
+    ROOT,
+    Fail,
+    add_sign_arg,
     main_wrapper,
     public_url,
-    read_version,
     revision,
     run,
     sha256_file,
     shown,
     source_url,
-    wheel_arch,
-    wheel_metadata,
 )
-from tpfix.package import add_to_dist, find_wheel, wheel_entry
-from tpfix.patch_format import read_series, series_digest
+from tpfix.wheelfile import wheel_arch, wheel_metadata
 from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -80,7 +81,7 @@ INSIDE = Path(__file__).with_name("image_inside.py")
 
 def context_dir(dist: Path) -> Path:
     """The build context of the image made from `dist`: under build/, beside
-    the dist lock that covers it (common.dist_state), never in dist/."""
+    the dist lock that covers it (lines.dist_state), never in dist/."""
     return dist_state(dist) / "image" / "context"
 
 

@@ -45,7 +45,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from simple503 import WheelFile, generate_index, generate_project_page
 
-from tpfix.common import Fail, main_wrapper, shown, wheel_metadata, write_atomic
+from tpfix.util import Fail, main_wrapper, shown, write_atomic
+from tpfix.wheelfile import wheel_metadata
 
 
 def _field(metadata: bytes, name: str) -> str | None:

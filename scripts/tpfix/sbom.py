@@ -78,9 +78,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from tpfix.common import Fail, Line, main_wrapper, read_version, sha256_file, wheel_message
+from tpfix.lines import Line, read_version
 from tpfix.patch_format import read_patch, read_series
 from tpfix.triage import load_triage
+from tpfix.util import Fail, main_wrapper, sha256_file
+from tpfix.wheelfile import wheel_message
 
 SCHEMA = SchemaVersion.V1_6
 _GITHUB = "https://github.com/"

@@ -6,7 +6,7 @@
     python -m tpfix.support_matrix --readme   # write it into README.md (between the markers)
 
 One row per release line, the default first, then the others by version
-(common.line_names).  Every cell comes from the line's VERSION and pin file
+(lines.line_names).  Every cell comes from the line's VERSION and pin file
 (patches/<tag>/VERSION, patches/<tag>/pins.toml):
 
   tag               the vLLM tag
@@ -42,20 +42,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tpfix.common import (
-    ROOT,
-    Fail,
-    Line,
-    get_line,
-    image_tag,
-    line_names,
-    load_pins,
-    main_wrapper,
-    read_pin_file,
-    shown,
-    wheel_metadata,
-)
-from tpfix.common import read_version as _read_version
+from tpfix.lines import Line, get_line, image_tag, line_names, load_pins, read_pin_file
+from tpfix.lines import read_version as _read_version
+from tpfix.util import ROOT, Fail, main_wrapper, shown
+from tpfix.wheelfile import wheel_metadata
 
 README = ROOT / "README.md"
 BEGIN = "<!-- versions:begin -->"

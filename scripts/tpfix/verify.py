@@ -22,8 +22,9 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from tpfix.common import Fail, Line, main_wrapper
+from tpfix.lines import Line
 from tpfix.patch_format import diff_files, read_series
+from tpfix.util import Fail, main_wrapper
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("tree", type=Path)
     ap.add_argument("--line", help="release line (default: the pinned tag)")
     args = ap.parse_args()
-    from tpfix.common import get_line, read_version
+    from tpfix.lines import get_line, read_version
 
     line = get_line(args.line)
     version = read_version(line.version_file)
