@@ -508,7 +508,7 @@ def describe_image(
     if built.archive is not None:
         subjects.append((built.archive.name, sha256_file(built.archive)))
     base_dep = (
-        [attest._rd(base, inv["base"]["digest"], f"docker://{base}")]
+        [attest.resource_descriptor(base, inv["base"]["digest"], f"docker://{base}")]
         if inv["base"]["digest"]
         else [attest.ResourceDescriptor(name=base, uri=f"docker://{base}")]
     )
