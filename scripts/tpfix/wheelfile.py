@@ -10,7 +10,11 @@ only, so it keeps its own small reader.)"""
 from __future__ import annotations
 
 import re
+from email.message import Message
+from email.parser import Parser
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from tpfix.util import Fail, shown
 
@@ -37,8 +41,32 @@ def wheel_metadata(wheel: Path) -> bytes:
         raise Fail(f"{shown(wheel)}: not a wheel ({e})") from None
 
 
-def wheel_message(wheel: Path):
-    """The wheel's METADATA parsed (an email.message.Message, as pip reads it)."""
-    from email.parser import Parser
+def parse_metadata(text: str) -> Message:
+    """METADATA text parsed (an email.message.Message, as pip reads it)."""
+    return Parser().parsestr(text)
 
-    return Parser().parsestr(wheel_metadata(wheel).decode("utf-8"))
+
+def wheel_message(wheel: Path) -> Message:
+    """The wheel's METADATA parsed (parse_metadata)."""
+    return parse_metadata(wheel_metadata(wheel).decode("utf-8"))
+
+
+def requirements(meta: Message, where: str = "METADATA") -> list[Requirement]:
+    """The Requires-Dist values of a parsed METADATA, in order, as Requirements
+    (compare names with packaging.utils.canonicalize_name); `where` names the
+    file in the error for a value that is no valid requirement."""
+    out = []
+    for text in meta.get_all("Requires-Dist") or []:
+        try:
+            out.append(Requirement(text))
+        except InvalidRequirement as e:
+            why = str(e).splitlines()[0]
+            raise Fail(
+                f"{where}: Requires-Dist {text!r} is not a valid requirement ({why})"
+            ) from None
+    return out
+
+
+def wheel_requirements(wheel: Path) -> list[Requirement]:
+    """The wheel's Requires-Dist as Requirements (requirements)."""
+    return requirements(wheel_message(wheel), f"{shown(wheel)}: METADATA")
