@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 from packaging.requirements import Requirement
-from test_index import REQUIRES_PYTHON, make_wheel
+from test_index import REQUIRES_PYTHON, VERSION, make_wheel
 
 from tpfix.image import repins
+from tpfix.lines import get_line
 from tpfix.maint.start_line import wheel_cuda
 from tpfix.support_matrix import wheel_facts
 from tpfix.util import Fail
+from tpfix.verify import verify_wheel
 from tpfix.wheelfile import wheel_arch, wheel_requirements
 
 
@@ -76,3 +78,14 @@ def test_wheel_facts_are_the_unconditional_pins(tmp_path):
     )
     facts = {"requires-python": REQUIRES_PYTHON, "torch": "2.9.0", "flashinfer": "0.6.1"}
     assert wheel_facts(wheel) == facts
+
+
+def test_verify_flags_requires_dist_no_patch_pins(tmp_path):
+    """verify_wheel compares the two wheels' Requires-Dist as requirements:
+    spelling of the same requirement is no change, a new pin is."""
+    base = ("regex",)
+    built = make_wheel(tmp_path / "built", requires=(*base, "Same_Project ==1.0", "foo==1"))
+    official = make_wheel(tmp_path / "official", requires=(*base, "same-project==1.0"))
+    problems = verify_wheel(built, official, tmp_path, VERSION, get_line(), names=[])
+    assert problems == ["METADATA: Requires-Dist 'foo==1' changed, no patch pins it"]
+    assert verify_wheel(official, official, tmp_path, VERSION, get_line(), names=[]) == []
