@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import Line, get_line, line_names
+from tpfix.lines import Line, get_line, line_names
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -28,10 +28,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tpfix.common import TAG, cache_dir, get_line, host_arch
 from tpfix.fetch import fetch_test_dep, fetch_wheel
+from tpfix.lines import TAG, get_line
 from tpfix.patch import cached_tree
 from tpfix.replay.harness import pinned_flashinfer
+from tpfix.util import cache_dir, host_arch
 
 SUITE = "bookworm"
 PACKAGES = ["python3", "python3-pip"]

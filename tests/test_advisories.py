@@ -32,8 +32,9 @@ from test_index import make_wheel
 from test_release import _check_sums, _publish_small, _sums
 
 from tpfix import advisories, sbom, triage
-from tpfix.common import ROOT, Fail, get_line, line_names, read_version
+from tpfix.lines import get_line, line_names, read_version
 from tpfix.patch_format import read_series
+from tpfix.util import ROOT, Fail
 
 ADVISORY = {
     "id": "GHSA-tpfx-test-0001",

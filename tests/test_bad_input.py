@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, cache_dir, get_line, sdist_pin
+from tpfix.lines import get_line, sdist_pin
 from tpfix.patch_format import read_series
+from tpfix.util import ROOT, cache_dir
 
 FAKE_SHA = "0" * 64
 
@@ -94,8 +95,8 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
 
 
 def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
-    from tpfix.common import Fail
     from tpfix.fetch import check_file
+    from tpfix.util import Fail
 
     pin = sdist_pin()
     part = tmp_path / pin.filename
@@ -199,7 +200,7 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
-    code = "from tpfix import common; common.main_wrapper(common.read_version)"
+    code = "from tpfix import lines, util; util.main_wrapper(lines.read_version)"
     proc = _run(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr

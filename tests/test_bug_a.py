@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import get_line
+from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.replay import bug_a
 from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before

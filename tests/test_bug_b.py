@@ -42,7 +42,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from tpfix.common import get_line
+from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
 from tpfix.replay.harness import (

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import run_build_sh
 
-from tpfix.common import get_line, read_version, wheel_pin
 from tpfix.fetch import fetch_wheel
+from tpfix.lines import get_line, read_version, wheel_pin
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
@@ -38,7 +38,7 @@ def official() -> Path:
 
 
 def _arch() -> str:
-    from tpfix.common import host_arch
+    from tpfix.util import host_arch
 
     return host_arch()
 

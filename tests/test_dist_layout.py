@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """dist/ holds published files only: the build's locks and the image's build
-context live under build/ (common.dist_state), for every line's folder."""
+context live under build/ (lines.dist_state), for every line's folder."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from test_index import make_wheel
 
 from tpfix import image, package, pipeline
-from tpfix.common import ROOT, Release, dist_state, get_line, line_names, read_version
+from tpfix.lines import Release, dist_state, get_line, line_names, read_version
+from tpfix.util import ROOT
 
 
 def test_the_pipelines_steps_leave_only_published_files_in_dist(tmp_path: Path):

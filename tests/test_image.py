@@ -37,10 +37,11 @@ from packageurl import PackageURL
 
 from tpfix import image, sbom
 from tpfix.build import source_date_epoch
-from tpfix.common import ROOT, TAG, Fail, cache_dir, get_line, host_arch, image_tag, read_version
 from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.lines import TAG, get_line, image_tag, read_version
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
+from tpfix.util import ROOT, Fail, cache_dir, host_arch
 from tpfix.verify import touched_files
 
 # builds a Debian rootfs, a stand-in base image and our image (buildah)

@@ -28,8 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import Fail, read_version, wheel_metadata
 from tpfix.index import write_index
+from tpfix.lines import read_version
+from tpfix.util import Fail
+from tpfix.wheelfile import wheel_metadata
 
 VERSION = "0.0.1+tpfix.1"
 REQUIRES_PYTHON = ">=3.10,<3.15"

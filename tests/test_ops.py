@@ -29,7 +29,8 @@ from test_index import make_wheel
 from test_release import SIDE, _check_sums, _keypair, _publish_small
 
 from tpfix import package, pipeline
-from tpfix.common import Fail, get_line
+from tpfix.lines import get_line
+from tpfix.util import Fail
 
 
 def _mount(target: Path, *args: str) -> None:

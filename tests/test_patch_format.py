@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import Fail
 from tpfix.patch_format import (
     Patch,
     parse_diff,
@@ -24,6 +23,7 @@ from tpfix.patch_format import (
 from tpfix.quilt import REFRESH_ARGS, Quilt, canonical, offsets
 from tpfix.replay import bug_a, bug_b, bug_c
 from tpfix.replay.harness import scenario_check
+from tpfix.util import Fail
 
 HEADER = """\
 From: A Maintainer <a@example.invalid>

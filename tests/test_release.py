@@ -35,16 +35,9 @@ from in_toto_attestation.v1.statement import Statement
 from test_index import make_wheel
 
 from tpfix import attest, package
-from tpfix.common import (
-    ROOT,
-    Fail,
-    get_line,
-    public_url,
-    read_version,
-    sdist_pin,
-    wheel_pin,
-)
+from tpfix.lines import get_line, read_version, sdist_pin, wheel_pin
 from tpfix.patch_format import read_series
+from tpfix.util import ROOT, Fail, public_url
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import Line, get_line, line_names
+from tpfix.lines import Line, get_line, line_names
 from tpfix.maint.revision import bump, entries, fingerprint, problems
 from tpfix.patch_format import read_series
 

@@ -16,8 +16,10 @@ import pytest
 from test_release import _publish_small, _sha
 
 from tpfix import sbom
-from tpfix.common import Fail, get_line, read_version
+from tpfix.lines import get_line, read_version
 from tpfix.patch_format import read_series
+from tpfix.util import Fail
+from tpfix.wheelfile import parse_metadata, requirements
 
 
 def _defect(patch: dict) -> dict:
@@ -103,20 +105,20 @@ def _props(c) -> dict[str, list[str]]:
 def test_each_required_project_is_one_component_with_purl_and_vers_range():
     """As vLLM's own METADATA writes them: a name twice (a base requirement
     and an extra's), non-canonical names, a bare name, wildcard exclusions."""
-    comps = sbom.requirement_components(
-        [
-            "opentelemetry-sdk>=1.27.0",
-            'opentelemetry-sdk>=1.26.0; extra == "otel"',
-            "opentelemetry-sdk>=1.27.0",
-            "prometheus_client>=0.18.0",
-            "regex",
-            "PyNvVideoCodec==2.0.4",
-            "fastapi[standard]<0.137.0,>=0.133.0",
-            "protobuf!=6.30.*,!=6.31.*,>=5.29.6",
-            'scipy; extra == "bench"',
-            'scipy; extra == "audio"',
-        ]
-    )
+    listed = [
+        "opentelemetry-sdk>=1.27.0",
+        'opentelemetry-sdk>=1.26.0; extra == "otel"',
+        "opentelemetry-sdk>=1.27.0",
+        "prometheus_client>=0.18.0",
+        "regex",
+        "PyNvVideoCodec==2.0.4",
+        "fastapi[standard]<0.137.0,>=0.133.0",
+        "protobuf!=6.30.*,!=6.31.*,>=5.29.6",
+        'scipy; extra == "bench"',
+        'scipy; extra == "audio"',
+    ]
+    meta = parse_metadata("".join(f"Requires-Dist: {r}\n" for r in listed))
+    comps = sbom.requirement_components(requirements(meta))
     by = {c.name: c for c in comps}
     assert sorted(by) == [
         "fastapi",

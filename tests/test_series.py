@@ -11,19 +11,11 @@ import tomllib
 
 import pytest
 
-from tpfix.common import (
-    LABEL,
-    LINES,
-    ROOT,
-    get_line,
-    line_names,
-    read_version,
-    sdist_pin,
-    wheel_pin,
-)
+from tpfix.lines import LABEL, LINES, get_line, line_names, read_version, sdist_pin, wheel_pin
 from tpfix.maint.series import check
 from tpfix.patch_format import read_patch, read_series
 from tpfix.replay.harness import patch_checks, tree_after
+from tpfix.util import ROOT
 from tpfix.verify import touched_files
 
 SERIES = read_series(get_line().series)

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, Line, get_line, line_names, load_pins
+from tpfix.lines import Line, get_line, line_names, load_pins
 from tpfix.maint.revision import problems
 from tpfix.patch_format import read_series
 from tpfix.support_matrix import WHEEL_FACTS
+from tpfix.util import ROOT
 
 # downloads the sdist and both official wheels of each line, replays scenarios
 pytestmark = pytest.mark.slow

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import ROOT, Fail, Line, get_line, line_names, load_pins
+from tpfix.lines import Line, get_line, line_names, load_pins
 from tpfix.patch_format import read_series, split
 from tpfix.support_matrix import README, _braced, pin_facts, python_range, readme_block, table
+from tpfix.util import ROOT, Fail
 
 LINES = line_names()
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import get_line
+from tpfix.lines import get_line
 from tpfix.maint.export import (
     export,
     git,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.common import get_line
+from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
 

@@ -70,21 +70,13 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.markers import Marker
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tpfix.common import (
-    Fail,
-    Line,
-    get_line,
-    line_names,
-    main_wrapper,
-    shown,
-    wheel_arch,
-    wheel_message,
-)
+from tpfix.lines import Line, get_line, line_names
 from tpfix.package import add_to_dist, find_wheel
 from tpfix.triage import load_triage
+from tpfix.util import Fail, main_wrapper, shown
+from tpfix.wheelfile import wheel_arch, wheel_requirements
 from tpfix.worklock import dist_lock
 
 # glibc of the Ubuntu release the official image's docker/Dockerfile names.
@@ -92,10 +84,6 @@ UBUNTU_GLIBC = {"20.04": "2_31", "22.04": "2_35", "24.04": "2_39"}
 
 
 # --- the dependency set ------------------------------------------------------------
-
-
-def _requires(wheel: Path) -> list[Requirement]:
-    return [Requirement(r) for r in wheel_message(wheel).get_all("Requires-Dist") or []]
 
 
 def target(line: Line, arch: str) -> dict:
@@ -128,7 +116,7 @@ def needed(wheel: Path, env: dict) -> set[str]:
     """The wheel's requirements that apply on the target, without extras."""
     return {
         canonicalize_name(r.name)
-        for r in _requires(wheel)
+        for r in wheel_requirements(wheel)
         if r.marker is None or Marker(str(r.marker)).evaluate(env)
     }
 

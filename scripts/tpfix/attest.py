@@ -47,17 +47,9 @@ from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from tpfix.common import (
-    ROOT,
-    Fail,
-    Line,
-    main_wrapper,
-    revision,
-    sha256_file,
-    source_url,
-    write_atomic,
-)
+from tpfix.lines import Line
 from tpfix.patch_format import read_series
+from tpfix.util import ROOT, Fail, main_wrapper, revision, sha256_file, source_url, write_atomic
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -68,7 +60,7 @@ PASSWORD_ENV = "TPFIX_SIGNING_KEY_PASSWORD"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 
-def _rd(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescriptor:
+def resource_descriptor(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescriptor:
     """A resource descriptor with a sha256 digest (`sha256:` prefix optional)."""
     return ResourceDescriptor(
         name=name,
@@ -79,7 +71,7 @@ def _rd(name: str, digest: str, uri: str = "", **annotations) -> ResourceDescrip
 
 
 def file_dep(path: Path, uri: str = "", **annotations: str) -> ResourceDescriptor:
-    return _rd(path.name, sha256_file(path), uri, **annotations)
+    return resource_descriptor(path.name, sha256_file(path), uri, **annotations)
 
 
 def upstream_deps(line: Line, sdist: Path, official: Path) -> list[ResourceDescriptor]:
@@ -91,7 +83,11 @@ def upstream_deps(line: Line, sdist: Path, official: Path) -> list[ResourceDescr
     ]
     for name in read_series(line.series):
         path = line.patches / name
-        out.append(_rd(path.relative_to(ROOT).as_posix(), sha256_file(path), series=line.tag))
+        out.append(
+            resource_descriptor(
+                path.relative_to(ROOT).as_posix(), sha256_file(path), series=line.tag
+            )
+        )
     return out
 
 
@@ -135,7 +131,7 @@ def statement(
     )
     prov.build_definition.external_parameters.update(external)
     prov.build_definition.internal_parameters.update(internal)
-    subject = [_rd(name, digest).pb for name, digest in subjects]
+    subject = [resource_descriptor(name, digest).pb for name, digest in subjects]
     stmt = Statement(subject, PREDICATE_TYPE, json_format.MessageToDict(prov))
     stmt.validate()
     for d in deps:

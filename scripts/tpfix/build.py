@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tpfix.common import Fail, run
+from tpfix.util import Fail, run
 
 _SETUP = """
 import runpy, sys, torch

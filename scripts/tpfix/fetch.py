@@ -22,22 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.common import (
-    LINES,
-    PINS,
-    Artifact,
-    Fail,
-    cache_dir,
-    cache_lock,
-    get_line,
-    host_arch,
-    load_pins,
-    main_wrapper,
-    run,
-    sdist_pin,
-    sha256_file,
-    wheel_pin,
-)
+from tpfix.lines import LINES, PINS, Artifact, get_line, load_pins, sdist_pin, wheel_pin
+from tpfix.util import Fail, cache_dir, cache_lock, host_arch, main_wrapper, run, sha256_file
 
 
 def cached_path(art: Artifact) -> Path:

@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,30 +47,33 @@ from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 
-from tpfix.common import (
-    ROOT,
-    Fail,
+from packaging.utils import canonicalize_name
+
+from tpfix.lines import (
     Line,
     Release,
-    add_sign_arg,
     dist_state,
     get_line,
     image_tag,
     line_names,
     load_pins,
+    read_version,
+)
+from tpfix.package import add_to_dist, find_wheel, wheel_entry
+from tpfix.patch_format import read_series, series_digest
+from tpfix.util import (
+    ROOT,
+    Fail,
+    add_sign_arg,
     main_wrapper,
     public_url,
-    read_version,
     revision,
     run,
     sha256_file,
     shown,
     source_url,
-    wheel_arch,
-    wheel_metadata,
 )
-from tpfix.package import add_to_dist, find_wheel, wheel_entry
-from tpfix.patch_format import read_series, series_digest
+from tpfix.wheelfile import wheel_arch, wheel_requirements
 from tpfix.worklock import dist_lock
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -80,7 +82,7 @@ INSIDE = Path(__file__).with_name("image_inside.py")
 
 def context_dir(dist: Path) -> Path:
     """The build context of the image made from `dist`: under build/, beside
-    the dist lock that covers it (common.dist_state), never in dist/."""
+    the dist lock that covers it (lines.dist_state), never in dist/."""
     return dist_state(dist) / "image" / "context"
 
 
@@ -111,30 +113,31 @@ def release_in(dist: Path, line: Line) -> Release:
     )
 
 
-def requires(wheel: Path) -> list[str]:
-    text = wheel_metadata(wheel).decode()
-    return [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Requires-")]
-
-
 def repins(wheel: Path, official: Path) -> list[tuple[str, str]]:
     """(project, version) of each `==` requirement our wheel has and the official lacks."""
-    theirs = set(requires(official))
+    theirs = set(wheel_requirements(official))
     out = []
-    for req in requires(wheel):
-        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;,]+)\s*(;.*)?$", req)
-        if req not in theirs and m and "extra ==" not in (m.group(3) or ""):
-            out.append((m.group(1), m.group(2)))
+    for req in wheel_requirements(wheel):
+        specs = list(req.specifier)
+        if (
+            req not in theirs
+            and not req.extras
+            and len(specs) == 1
+            and specs[0].operator == "=="
+            and "extra ==" not in str(req.marker or "")
+        ):
+            out.append((req.name, specs[0].version))
     return out
 
 
 def pinned_wheel(project: str, version: str) -> Path:
     from tpfix.fetch import all_pin_files, fetch
 
-    norm = re.sub(r"[-_.]+", "-", project).lower()
+    norm = canonicalize_name(project)
     for pinfile in all_pin_files():
         for art in load_pins(pinfile):
             if (
-                re.sub(r"[-_.]+", "-", art.project).lower() == norm
+                canonicalize_name(art.project) == norm
                 and art.version == version
                 and art.filename.endswith("-none-any.whl")
             ):
@@ -507,7 +510,7 @@ def describe_image(
     if built.archive is not None:
         subjects.append((built.archive.name, sha256_file(built.archive)))
     base_dep = (
-        [attest._rd(base, inv["base"]["digest"], f"docker://{base}")]
+        [attest.resource_descriptor(base, inv["base"]["digest"], f"docker://{base}")]
         if inv["base"]["digest"]
         else [attest.ResourceDescriptor(name=base, uri=f"docker://{base}")]
     )

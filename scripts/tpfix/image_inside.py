@@ -3,7 +3,10 @@
 """Runs inside the image build (Dockerfile), with the base image's own Python.
 
 Standard library and the base's pip only (any Python >= 3.8); scripts/tpfix/image.py
-stages it into the build context next to the wheel.
+stages it into the build context next to the wheel.  So it is self-contained
+on purpose: it keeps its own METADATA reader (wheel_metadata) and name
+normalisation (norm, PEP 503) instead of tpfix.wheelfile and
+packaging.utils.canonicalize_name, which the rest of tpfix uses.
 
     image_inside.py stage --ctx /ctx --out /delta    # builder stage, FROM the base
     image_inside.py apply --ctx /ctx --delta /delta  # final stage, FROM the base
@@ -51,6 +54,7 @@ class Fail(Exception):
 
 
 def norm(name: str) -> str:
+    """canonicalize_name's rule (PEP 503): no tpfix or packaging here."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -196,6 +200,8 @@ def staged_wheels(ctx: str) -> dict:
 
 
 def wheel_metadata(wheel: str):
+    """(Requires-Dist values, RECORD text) of `wheel`: this module's own
+    reader, the standard library's stand-in for tpfix.wheelfile."""
     with zipfile.ZipFile(wheel) as z:
         info = next(n for n in z.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n))
         meta = z.read(info).decode()

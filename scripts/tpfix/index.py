@@ -39,18 +39,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-from email.parser import Parser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from simple503 import WheelFile, generate_index, generate_project_page
 
-from tpfix.common import Fail, main_wrapper, shown, wheel_metadata, write_atomic
+from tpfix.util import Fail, main_wrapper, shown, write_atomic
+from tpfix.wheelfile import parse_metadata, wheel_metadata
 
 
 def _field(metadata: bytes, name: str) -> str | None:
     """One header field of a METADATA (an email header block, as pip reads it)."""
-    value = Parser().parsestr(metadata.decode("utf-8"), headersonly=True).get(name)
+    value = parse_metadata(metadata.decode("utf-8")).get(name)
     return None if value is None else str(value).strip()
 
 

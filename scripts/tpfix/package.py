@@ -31,7 +31,8 @@ import re
 import shutil
 from pathlib import Path
 
-from tpfix.common import Fail, Line, read_version, sha256_file, write_atomic
+from tpfix.lines import Line, read_version
+from tpfix.util import Fail, sha256_file, write_atomic
 
 SUMS = "SHA256SUMS"
 VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance

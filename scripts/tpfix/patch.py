@@ -24,17 +24,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tpfix.common import (
-    Fail,
-    Line,
-    cache_dir,
-    cache_lock,
-    get_line,
-    main_wrapper,
-    sdist_pin,
-)
+from tpfix.lines import Line, get_line, sdist_pin
 from tpfix.patch_format import read_series, series_digest
 from tpfix.quilt import Quilt
+from tpfix.util import Fail, cache_dir, cache_lock, main_wrapper
 
 
 def unpack_sdist(sdist: Path, parent: Path) -> Path:

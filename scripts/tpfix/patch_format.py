@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import Fail
+from tpfix.util import Fail
 
 # Where the diff starts: the first file diff's first line.
 DIFF_START = re.compile(r"^(?:--- \S|diff |Index: )", re.M)

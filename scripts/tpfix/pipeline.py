@@ -21,14 +21,14 @@ later still ends in one `error:` line naming the file system.
 
 One build per folder: a run holds an exclusive lock on its work folder
 (`<workdir>/.lock`) and on its dist folder (build/dists/<name>-<hash>/lock,
-common.dist_state, so that dist/ holds published files only and its parent
+lines.dist_state, so that dist/ holds published files only and its parent
 may be read-only, and a flock on the folder itself for builds of other
 checkouts) from start to end, image stage included.  A second build on
 either stops at once, naming the first (pid, start time, command line); it
 does not wait (why: tpfix/worklock.py).  What a killed run left behind
 (`<workdir>/tree.*`, `dist/.staging-*`) is removed only while holding both.
 The commands a build runs (setup.py, pip, quilt, ...) die with it, `kill -9`
-included (common.child_options).
+included (util.child_options).
 """
 
 from __future__ import annotations
@@ -45,24 +45,13 @@ import time
 from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
-from tpfix.common import (
-    Fail,
-    Line,
-    Release,
-    add_sign_arg,
-    get_line,
-    host_arch,
-    line_names,
-    main_wrapper,
-    read_version,
-    shown,
-    sigterm_as_interrupt,
-)
 from tpfix.fetch import fetch_sdist, fetch_wheel
+from tpfix.lines import Line, Release, get_line, line_names, read_version
 from tpfix.maint.revision import bump_command, entries
 from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
+from tpfix.util import Fail, add_sign_arg, host_arch, main_wrapper, shown, sigterm_as_interrupt
 from tpfix.verify import verify_wheel
 from tpfix.worklock import dist_lock, workdir_lock
 

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tpfix.common import Fail, child_options, run, shown
+from tpfix.util import Fail, child_options, run, shown
 
 REFRESH_ARGS = ["--no-timestamps", "--no-index", "-p", "ab", "--sort"]
 PUSH_ARGS = ["--fuzz=0"]

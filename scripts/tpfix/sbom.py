@@ -78,9 +78,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from tpfix.common import Fail, Line, main_wrapper, read_version, sha256_file, wheel_message
+from tpfix.lines import Line, read_version
 from tpfix.patch_format import read_patch, read_series
 from tpfix.triage import load_triage
+from tpfix.util import Fail, main_wrapper, sha256_file
+from tpfix.wheelfile import wheel_message, wheel_requirements
 
 SCHEMA = SchemaVersion.V1_6
 _GITHUB = "https://github.com/"
@@ -234,7 +236,7 @@ def _metadata(wheel: Path) -> dict:
     msg = wheel_message(wheel)
     return {
         "version": msg["Version"],
-        "requires": msg.get_all("Requires-Dist") or [],
+        "requires": wheel_requirements(wheel),
         "python": msg.get("Requires-Python"),
         "license": msg.get("License-Expression") or msg.get("License"),
     }
@@ -315,15 +317,14 @@ def vers(specifier: SpecifierSet) -> str | None:
     return "vers:pypi/" + ("|".join(out) or "*")
 
 
-def requirement_components(requires: list[str]) -> list[Component]:
+def requirement_components(requires: list[Requirement]) -> list[Component]:
     """One component per project the wheel's Requires-Dist names (canonical
     name), however many lines name it: each line (marker and extras as
     written) and its range (vers) kept as properties, the pin as version and
     purl version where all lines pin the same `==` version; optional when
     only extras of ours need it."""
     by_name: dict[str, list[Requirement]] = {}
-    for req in requires:
-        r = Requirement(req)
+    for r in requires:
         by_name.setdefault(canonicalize_name(r.name), []).append(r)
     out = []
     for name, reqs in sorted(by_name.items()):

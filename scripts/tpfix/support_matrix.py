@@ -6,7 +6,7 @@
     python -m tpfix.support_matrix --readme   # write it into README.md (between the markers)
 
 One row per release line, the default first, then the others by version
-(common.line_names).  Every cell comes from the line's VERSION and pin file
+(lines.line_names).  Every cell comes from the line's VERSION and pin file
 (patches/<tag>/VERSION, patches/<tag>/pins.toml):
 
   tag               the vLLM tag
@@ -35,27 +35,16 @@ import argparse
 import os
 import re
 import tarfile
-from email.parser import Parser
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tpfix.common import (
-    ROOT,
-    Fail,
-    Line,
-    get_line,
-    image_tag,
-    line_names,
-    load_pins,
-    main_wrapper,
-    read_pin_file,
-    shown,
-    wheel_metadata,
-)
-from tpfix.common import read_version as _read_version
+from tpfix.lines import Line, get_line, image_tag, line_names, load_pins, read_pin_file
+from tpfix.lines import read_version as _read_version
+from tpfix.util import ROOT, Fail, main_wrapper, shown
+from tpfix.wheelfile import requirements, wheel_message
 
 README = ROOT / "README.md"
 BEGIN = "<!-- versions:begin -->"
@@ -66,17 +55,9 @@ COLUMNS = ("line", "vLLM tag", "FlashInfer", "torch", "CUDA (official wheel)", "
 COLUMNS += ("wheel", "image")
 
 
-def _metadata(wheel: Path) -> str:
-    return wheel_metadata(wheel).decode()
-
-
-def _exact_pin(requires: list[str], project: str) -> str | None:
+def _exact_pin(requires: list[Requirement], project: str) -> str | None:
     """X of the unconditional `project==X` among Requires-Dist values."""
-    for text in requires:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
+    for req in requires:
         specs = list(req.specifier)
         if (
             canonicalize_name(req.name) == project
@@ -90,8 +71,8 @@ def _exact_pin(requires: list[str], project: str) -> str | None:
 
 def wheel_facts(wheel: Path) -> dict[str, str]:
     """{"requires-python", "torch", "flashinfer"} of a wheel's METADATA."""
-    meta = Parser().parsestr(_metadata(wheel), headersonly=True)
-    requires = meta.get_all("Requires-Dist") or []
+    meta = wheel_message(wheel)
+    requires = requirements(meta, f"{shown(wheel)}: METADATA")
     facts = {
         "requires-python": meta.get("Requires-Python"),
         "torch": _exact_pin(requires, "torch"),

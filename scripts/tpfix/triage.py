@@ -12,7 +12,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from tpfix.common import Fail, Line, shown
+from tpfix.lines import Line
+from tpfix.util import Fail, shown
 
 STATES = {
     "resolved",

@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import re
 import zipfile
-from email.parser import Parser
 from pathlib import Path
 
-from tpfix.common import Fail, Line, main_wrapper
+from packaging.utils import canonicalize_name
+
+from tpfix.lines import Line
 from tpfix.patch_format import diff_files, read_series
+from tpfix.util import Fail, main_wrapper, shown
+from tpfix.wheelfile import parse_metadata, requirements
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -40,7 +43,7 @@ def _norm(name: str) -> str:
 
 def _project(req: str) -> str:
     m = _REQ_NAME.match(req)
-    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else req
+    return canonicalize_name(m.group(1)) if m else req
 
 
 def _changed_pins(touched: set[str], tree: Path) -> set[str]:
@@ -88,7 +91,9 @@ def verify_wheel(
                     problems.append(f"{key}: does not carry version {version}")
                 continue
             if key == "DIST-INFO/METADATA":
-                problems += _metadata_problems(bb.decode(), ob.decode(), version, tree, touched)
+                problems += _metadata_problems(
+                    bb.decode(), ob.decode(), version, tree, touched, (built, official)
+                )
                 continue
             kind = "compiled binary" if key.endswith((".so", ".cubin")) else "file"
             problems.append(f"{key}: {kind} differs from the official wheel")
@@ -98,9 +103,14 @@ def verify_wheel(
 
 
 def _metadata_problems(
-    built: str, official: str, version: str, tree: Path, touched: set[str]
+    built: str,
+    official: str,
+    version: str,
+    tree: Path,
+    touched: set[str],
+    wheels: tuple[Path, Path],
 ) -> list[str]:
-    bm, om = Parser().parsestr(built), Parser().parsestr(official)
+    bm, om = parse_metadata(built), parse_metadata(official)
     problems = []
     if bm["Version"] != version:
         problems.append(f"METADATA: Version is {bm['Version']}, expected {version}")
@@ -111,11 +121,11 @@ def _metadata_problems(
             problems.append(f"METADATA: {key} differs from the official wheel")
     if bm.get_payload() != om.get_payload():
         problems.append("METADATA: description differs from the official wheel")
-    breqs, oreqs = bm.get_all("Requires-Dist") or [], om.get_all("Requires-Dist") or []
+    breqs, oreqs = (requirements(m, f"{shown(w)}: METADATA") for m, w in zip((bm, om), wheels))
     allowed = _changed_pins(touched, tree)
-    for req in sorted(set(breqs) ^ set(oreqs)):
-        if _project(req) not in allowed:
-            problems.append(f"METADATA: Requires-Dist {req!r} changed, no patch pins it")
+    for req in sorted(set(breqs) ^ set(oreqs), key=str):
+        if canonicalize_name(req.name) not in allowed:
+            problems.append(f"METADATA: Requires-Dist {str(req)!r} changed, no patch pins it")
     return problems
 
 
@@ -126,7 +136,7 @@ def main() -> None:
     ap.add_argument("tree", type=Path)
     ap.add_argument("--line", help="release line (default: the pinned tag)")
     args = ap.parse_args()
-    from tpfix.common import get_line, read_version
+    from tpfix.lines import get_line, read_version
 
     line = get_line(args.line)
     version = read_version(line.version_file)

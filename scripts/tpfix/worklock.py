@@ -10,7 +10,7 @@ failed with a misleading "patch does not apply".  So `hold()` takes an
 exclusive `fcntl.flock` on a lock file in the folder and keeps it until the
 run ends; clean-up of what a killed run left happens only while holding it.
 The output folder's lock file lives under this checkout's build/dists/
-(common.dist_state: dist/ holds published files only, its parent may be
+(lines.dist_state: dist/ holds published files only, its parent may be
 read-only); the folder itself is flocked too, so that a build from another
 checkout into the same dist/ is refused as well (where the file system
 allows flock on a folder; NFS does not, and there only the lock file counts).
@@ -46,7 +46,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpfix.common import Fail, dist_state
+from tpfix.lines import dist_state
+from tpfix.util import Fail
 
 
 def _command_line() -> str:
@@ -179,7 +180,7 @@ def hold_folder(folder: Path, what: str, fix: str) -> Iterator[None]:
 def dist_lock(
     dist: Path, fix: str = "give this build its own output folder: ./build.sh --dist DIR"
 ) -> Iterator[None]:
-    """The lock of an output folder: its lock file under build/ (common.dist_state:
+    """The lock of an output folder: its lock file under build/ (lines.dist_state:
     dist/ holds published files only), then the folder itself."""
     dist = dist.resolve()
     what = f"dist folder {dist}"

@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from tpfix.common import host_arch, wheel_pin
+from tpfix.lines import wheel_pin
+from tpfix.util import host_arch
 
 
 def _du(paths: list[Path]) -> int:

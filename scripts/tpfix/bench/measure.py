@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tpfix.replay.bug_b import _dtype, _ranges, run_case
+from tpfix.replay.bug_b import run_case, torch_dtype, value_ranges
 from tpfix.replay.device import (
     MiB,
     make_workspace,
@@ -330,13 +330,13 @@ def bench_table(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row = {k: v for k, v in run_case(backend, **cfg).items() if k in keys}
             policy = run_case(backend, vllm_table_on_mnnvl=True, max_failures=1 << 30, **cfg)
             row["policy_failures"] = policy.get("failures")
-            row["policy_failure_tokens"] = _ranges(
+            row["policy_failure_tokens"] = value_ranges(
                 [f["num_tokens"] for f in policy.get("failure_examples", [])]
             )
             if backend == "mnnvl" and row.get("max_token_num"):
                 # Rejected alternative: an MNNVL buffer sized for the one-shot
                 # range of vLLM's TRT-LLM table (FlashInfer's sizing formula).
-                tdtype = _dtype(cfg["dtype"])
+                tdtype = torch_dtype(cfg["dtype"])
                 h, m, tp = max(cfg["widths"]), max(row["max_token_num"].values()), cfg["tp"]
                 table_bytes = _vllm_trtllm_table_oneshot_bytes(arf, cfg["capability"], tp)
                 if table_bytes is not None:

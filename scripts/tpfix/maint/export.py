@@ -51,10 +51,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail, Line, cache_dir, get_line, line_names, main_wrapper, sdist_pin
+from tpfix.lines import Line, get_line, line_names, sdist_pin
 from tpfix.patch import cached_tree, pristine_tree
 from tpfix.patch_format import Header, diff_files, parse_header, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
+from tpfix.util import ROOT, Fail, cache_dir, main_wrapper
 
 # Upstream exports come from the newest release line.
 DEFAULT_TAG = line_names()[-1]

@@ -31,18 +31,9 @@ import re
 
 from packaging.version import Version
 
-from tpfix.common import (
-    LABEL,
-    Fail,
-    Line,
-    get_line,
-    line_names,
-    main_wrapper,
-    read_version,
-    shown,
-    write_atomic,
-)
+from tpfix.lines import LABEL, Line, get_line, line_names, read_version
 from tpfix.patch_format import read_series
+from tpfix.util import Fail, main_wrapper, shown, write_atomic
 
 ENTRY = re.compile(r"^## (\S+)[ \t]*$", re.M)
 FINGERPRINT = re.compile(r"^fingerprint: sha256:([0-9a-f]{64})[ \t]*$", re.M)

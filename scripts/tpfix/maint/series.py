@@ -30,10 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.common import ROOT, Fail, Line, get_line, main_wrapper, run, shown
+from tpfix.lines import Line, get_line
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
 from tpfix.quilt import Quilt, require
+from tpfix.util import ROOT, Fail, main_wrapper, run, shown
 
 DEV = ROOT / "build" / "dev"
 

@@ -43,22 +43,13 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from tpfix.common import (
-    LABEL,
-    LINES,
-    Fail,
-    Line,
-    get_line,
-    line_names,
-    main_wrapper,
-    shown,
-    sigterm_as_interrupt,
-    wheel_metadata,
-)
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
+from tpfix.lines import LABEL, LINES, Line, get_line, line_names
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.maint.revision import fingerprint
 from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
+from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
+from tpfix.wheelfile import wheel_requirements
 
 
 def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
@@ -91,10 +82,10 @@ def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
 def wheel_cuda(wheel: Path, fallback: str) -> str:
     """13.0 when the official wheel's requirements carry [cu13] extras (12.9 for
     [cu12]); `fallback` (the source line's) when they name neither."""
-    text = wheel_metadata(wheel).decode()
-    if re.search(r"^Requires-Dist: \S+\[cu13\]", text, re.M):
+    extras = {e for r in wheel_requirements(wheel) for e in r.extras}
+    if "cu13" in extras:
         return "13.0"
-    if re.search(r"^Requires-Dist: \S+\[cu12\]", text, re.M):
+    if "cu12" in extras:
         return "12.9"
     return fallback
 

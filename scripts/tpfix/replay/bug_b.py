@@ -75,7 +75,8 @@ MIB2 = 2 * MiB
 # --------------------------------------------------------------------------
 # One case: configure, plan/create the workspace the tree's way, call the op
 # --------------------------------------------------------------------------
-def _dtype(name: str):
+def torch_dtype(name: str):
+    """The torch dtype named `name` (bfloat16, float16 or float32)."""
     import torch
 
     assert name in ("bfloat16", "float16", "float32"), name
@@ -238,7 +239,7 @@ def run_case(
     st = _configure(backend, capability, granularity)
     torch = st["torch"]
     arf, vfi = st["arf"], st["vfi"]
-    tdtype = _dtype(dtype)
+    tdtype = torch_dtype(dtype)
     forced = _apply_vllm_table_on_mnnvl(vllm_table_on_mnnvl and backend == "mnnvl")
     per_width_max, shape = _plan(tp, widths, tdtype, limit, budget_mb)
     out: dict[str, Any] = {
@@ -330,8 +331,8 @@ def run_case(
             None if workspace is None else workspace_bytes_per_rank(workspace)
         ),
         mnnvl_buffer_size_bytes=getattr(workspace, "buffer_size_bytes", None),
-        oneshot_tokens={h: _ranges(v) for h, v in oneshot_ns.items()},
-        twoshot_tokens={h: _ranges(v) for h, v in twoshot_ns.items()},
+        oneshot_tokens={h: value_ranges(v) for h, v in oneshot_ns.items()},
+        twoshot_tokens={h: value_ranges(v) for h, v in twoshot_ns.items()},
     )
     return out
 
@@ -351,7 +352,7 @@ def check_run_case(result: dict) -> bool | None:
     return result["failures"] == 0 and result["unfused"] == 0 and result["checked"] > 0
 
 
-def _ranges(values: list[int]) -> list[list[int]]:
+def value_ranges(values: list[int]) -> list[list[int]]:
     """[1, 2, 3, 7, 8] -> [[1, 3], [7, 8]]"""
     out: list[list[int]] = []
     for v in values:

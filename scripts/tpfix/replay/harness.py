@@ -37,10 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.common import Fail, cache_dir, cache_lock, get_line
 from tpfix.fetch import fetch_test_dep
+from tpfix.lines import get_line
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_patch, read_series
+from tpfix.util import Fail, cache_dir, cache_lock
 
 # The folder that holds the tpfix package: scenario interpreters import the
 # replays (tpfix.replay.<module>) and the CPU stand-ins from it.

@@ -13,8 +13,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tpfix.common import get_line, main_wrapper, sdist_pin
 from tpfix.fetch import fetch_sdist
+from tpfix.lines import get_line, sdist_pin
+from tpfix.util import main_wrapper
 
 
 def main() -> None:
