@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tpfix import doctor
-from tpfix.common import get_line
+from tpfix.lines import get_line
 from tpfix.replay import bug_a
 from tpfix.replay.harness import run_scenario
 

@@ -34,11 +34,12 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from tpfix.common import Fail, get_line
+from tpfix.lines import get_line
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import flashinfer_site, pinned_flashinfer, run_scenario
 from tpfix.support_matrix import pin_facts
+from tpfix.util import Fail
 
 GPUS = {"sm90": 90, "sm100": 100, "sm103": 103}
 PYTHONS = ("3.10", "3.11", "3.12")
