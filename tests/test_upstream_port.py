@@ -246,8 +246,9 @@ def test_each_patch_is_classified_by_its_scenarios(report, name):
         conflicting = {n for n in earlier if COMMITTED["patches"][n] == "conflicts"}
         assert set(rec["after_uncarried"]) <= conflicting, rec["after_uncarried"]
         assert rec["merge_conflicts"] or rec["after_uncarried"], rec
-        for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
-            assert "<<<<<<< target tag" in _merged(report, name, path)
+        for path in rec["merge_conflicts"]:  # a diff3 merge to resolve, or why there is none
+            text = _merged(report, name, path)
+            assert "<<<<<<< target tag" in text or "not in the target tag" in text, text
     for spec in _scenarios(name):
         if facts := REPORT_FACTS.get(TAG, {}).get(spec):
             facts(report, rec)
@@ -280,6 +281,8 @@ def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
     assert set(rec["merge_conflicts"]) == {ARF, FI_AR}
     assert "self.workspace_hidden_dim" in _upstream_side(report, rec["name"], ARF)
     assert "import _node_count" in _upstream_side(report, rec["name"], FI_AR)
+    for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
+        assert "<<<<<<< target tag" in _merged(report, rec["name"], path)
     (check,) = rec["checks"]
     assert check["spec"] == "bug_a:warm_start"
     assert check["target"]["passed"] is False
