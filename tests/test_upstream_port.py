@@ -1,26 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The series moved to vLLM v0.33.0: rebase report, forward port, export.
+"""The newest release line, the forward port that goes upstream: rebase
+report, forward port, export.  The line is taken from the data: the newest
+folder of patches/ (tpfix.common.line_names()), its source line the `from` of
+its rebase.json (what python -m tpfix.maint.start_line wrote), so a line
+started with start_line (and ported) is covered with no edit here.
 
-* scripts/tpfix/maint/rebase.py classifies every patch of the v0.27.1 series on
-  v0.33.0 (the report is produced here, as in CI; each class is asserted and
-  the committed patches/v0.33.0/rebase.json must be what it says), and its
-  classification machinery is checked on small synthetic trees;
-* patches/v0.33.0/ (the forward-ported series of the v0.33.0 line, its
-  pins.toml) carries every patch that is not absorbed, under the same names,
-  applies exactly to pristine v0.33.0 and refreshes to itself;
-* each port is red without / green with it on v0.33.0: the scenario its
-  header names (`Scenario:`, run on v0.33.0 trees with FlashInfer
-  0.7.2.post1, the release v0.33.0 pins) and the vLLM tests it carries (the
-  ones marked for several GPUs skip here, for exactly that reason);
+* scripts/tpfix/maint/rebase.py classifies every patch of the source line's
+  series on the newest tag (the report is produced here, as in CI); each
+  patch's class must be the committed patches/<tag>/rebase.json's, each is
+  checked by the scenarios its header names, and the classification
+  machinery is checked on small synthetic trees;
+* patches/<tag>/ (the forward-ported series, its pins.toml) carries every
+  patch that is not absorbed, under the same names, applies exactly to the
+  pristine tag and refreshes to itself; each port keeps its fix's `Bug:`;
+* each port is red without / green with it on the tag: the scenario its
+  header names (`Scenario:`, run on trees of the tag with the FlashInfer the
+  tag's pins.toml pins) and the vLLM tests it carries (the ones marked for
+  several GPUs skip here, for exactly that reason);
 * scripts/tpfix/maint/export.py gives one mail and one pull-request
   description per port; the mails apply with `git am` to a git repository
-  made from pristine v0.33.0 and give the ported tree; the descriptions
-  follow v0.33.0's template, with `Fixes #...` from `Bug:` and the Claims
-  from the `Claim:` fields.
+  made from the pristine tag and give the ported tree; the descriptions
+  follow vLLM's template, with `Fixes #...` from `Bug:` and the Claims from
+  the `Claim:` fields.
 
-Patches are named by the series files and told apart by the scenario their
-header names (the fix they show), not by file name.
+What a rebase showed beyond the data (which files conflict and why, key
+lines of each port) is kept per tag in REPORT_FACTS / PORT_FACTS below and
+checked for the line it names when that line is the newest.  Patches are
+named by the series files and told apart by the scenario their header names
+(the fix they show), not by file name.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tpfix.lines import get_line
+from tpfix.lines import get_line, line_names, read_pin_file
 from tpfix.maint.export import (
     export,
     git,
@@ -56,11 +65,18 @@ from tpfix.replay.harness import Check, patch_checks, run_check, run_scenario, r
 # downloads and patches the newest release, rebases, exports, replays its scenarios
 pytestmark = pytest.mark.slow
 
-TAG = "v0.33.0"
+if len(line_names()) < 2:
+    pytest.skip(
+        "no release line besides the default: nothing forward-ported", allow_module_level=True
+    )
+TAG = line_names()[-1]  # the newest line: what goes upstream (maint.export's default)
 PORT = get_line(TAG).patches
 SERIES = PORT / "series"
-PATCHES = get_line().patches  # the source line, v0.27.1
-SOURCE = read_series(get_line().series)
+# the committed classification (python -m tpfix.maint.start_line writes it)
+COMMITTED = json.loads((PORT / "rebase.json").read_text())
+FROM = COMMITTED["from"]  # the source line, the one whose series moved to TAG
+PATCHES = get_line(FROM).patches
+SOURCE = read_series(get_line(FROM).series)
 PORTED = read_series(SERIES)
 SEED_A = (
     "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
@@ -81,17 +97,19 @@ def _scenarios(name: str) -> list[str]:
     return [v.split()[0].split("(")[0] for v in header.get_all("Scenario")]
 
 
-def _named(spec: str) -> str:
-    """The patch of the v0.27.1 series whose header names scenario `spec`."""
-    (name,) = [n for n in SOURCE if spec in _scenarios(n)]
-    return name
+def _named(spec: str) -> str | None:
+    """The patch of the source series whose header names scenario `spec`
+    (None when none does)."""
+    names = [n for n in SOURCE if spec in _scenarios(n)]
+    assert len(names) <= 1, (spec, names)
+    return names[0] if names else None
 
 
-BUG_C = _named("bug_c:import_flashinfer_all_reduce")  # the FlashInfer pin
+# The fixes the facts of the v0.33.0 rebase name (REPORT_FACTS, PORT_FACTS),
+# by the scenario each shows: None where the source series has no such patch.
 SIZING = _named("bug_a:warm_start")  # bug A: workspace planned for every model
 LIFETIME = _named("bug_a:drafter_pass_collected")  # bug A: lives with the TP group
 AGREEMENT = _named("bug_a:creation_failure")  # bug A: all ranks agree on creation
-FITS = _named("bug_b:run_case")  # bug B: ask FlashInfer whether a request fits
 
 
 def _issue(patchfile: Path) -> str | None:
@@ -101,8 +119,9 @@ def _issue(patchfile: Path) -> str | None:
     return f"#{m.group(1)}" if m else None
 
 
-# the upstream issue of each fix (its pull request's Fixes), from its header
-ISSUE = {n: _issue(PATCHES / n) for n in SOURCE if n != BUG_C}
+# the upstream issue of each port (its pull request's Fixes), from the header
+# of the source line's patch
+ISSUE = {n: _issue(PATCHES / n) for n in PORTED}
 
 
 def both(first, second):
@@ -134,13 +153,13 @@ def _diff_of(patchfile: Path, path: str) -> list[str]:
     return out
 
 
-# -- the rebase report v0.27.1 -> v0.33.0 -------------------------------------------
+# -- the rebase report FROM -> TAG ----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("rebase") / TAG
-    rep = rebase(TAG, out, get_line())
+    rep = rebase(TAG, out, get_line(FROM))
     assert json.loads((out / "report.json").read_text()) == rep
     rep["_out"] = out
     print(format_table(rep))
@@ -163,35 +182,23 @@ def _upstream_side(report: dict, name: str, path: str) -> str:
 
 def test_report_covers_the_series_in_order(report):
     assert [r["name"] for r in report["patches"]] == SOURCE
-    assert (report["from"], report["to"]) == ("v0.27.1", TAG)
-    # nothing applies as is: the first fix conflicts and the rest build on it
-    assert report["carried"] == []
+    assert (report["from"], report["to"]) == (FROM, TAG)
+    # the carried series is the patches that apply, as they are or refreshed
+    applies = ("applies", "applies-with-changes")
+    assert report["carried"] == [n for n in SOURCE if COMMITTED["patches"][n] in applies]
 
 
 def test_committed_classification_is_the_reports(report):
-    """patches/v0.33.0/rebase.json is what rebase.py reports now, in the format
-    python -m tpfix.maint.start_line writes."""
-    committed = json.loads((PORT / "rebase.json").read_text())
-    assert committed == {
-        "from": "v0.27.1",
+    """patches/<tag>/rebase.json is what rebase.py reports now, in the format
+    python -m tpfix.maint.start_line writes, from an older line."""
+    assert line_names().index(FROM) < line_names().index(TAG), (FROM, TAG)
+    expected = {
+        "from": FROM,
         "to": TAG,
         "checks": True,
         "patches": {r["name"]: r["status"] for r in report["patches"]},
     }
-
-
-def test_flashinfer_pin_is_absorbed_detected_by_its_scenario(report):
-    """v0.33.0 pins FlashInfer 0.7.2.post1: the bug C scenario is red on
-    v0.27.1 before the pin and green on pristine v0.33.0 (on this Python <
-    3.12, where the check discriminates)."""
-    rec = _record(report, BUG_C)
-    assert (rec["status"], rec["how"]) == ("absorbed", "checks")
-    (check,) = rec["checks"]
-    assert check["spec"] == "bug_c:import_flashinfer_all_reduce"
-    assert check["target"]["passed"] is True
-    assert check["target"]["result"]["flashinfer"] == "0.7.2.post1"
-    assert check["pinned_before"]["passed"] is False
-    assert BUG_C not in PORTED  # not carried forward
+    assert expected == COMMITTED
 
 
 def _conflict_hunks(rec: dict) -> dict[str, list[dict]]:
@@ -203,7 +210,63 @@ def _conflict_hunks(rec: dict) -> dict[str, list[dict]]:
     return hunks
 
 
-def test_sizing_conflicts_with_upstreams_partial_fix(report):
+def _discriminates(check: dict) -> bool:
+    """Green on the target and red on the source tag before the patch."""
+    return check["target"]["passed"] and check.get("pinned_before", {}).get("passed") is False
+
+
+@pytest.mark.parametrize("name", SOURCE)
+def test_each_patch_is_classified_by_its_scenarios(report, name):
+    """Every patch of the source series gets its committed class, its
+    `Scenario:` checks run on the target (unless it reverse-applies): an
+    absorbed one is green there and red on the source tag before it; a
+    conflicting one is not (a check red on the target needs no look back),
+    lists its hunks and leaves a diff3 merge of each conflicting file; one
+    that builds on an earlier conflicting patch names it.  What the rebase
+    onto TAG showed beyond that is checked from REPORT_FACTS."""
+    rec = _record(report, name)
+    assert rec["status"] == COMMITTED["patches"][name], rec["detail"]
+    if rec.get("how") != "reverse-applies":
+        assert [c["spec"] for c in rec["checks"]] == _scenarios(name)
+    for check in rec["checks"]:
+        if not check["target"]["passed"]:
+            assert "pinned_before" not in check, check
+    if rec["status"] == "absorbed":
+        assert rec["how"] in ("reverse-applies", "checks"), rec
+        if rec["how"] == "checks":
+            assert rec["checks"] and all(map(_discriminates, rec["checks"])), rec
+        pinned = read_pin_file(PORT / "pins.toml").get("flashinfer")
+        for check in rec["checks"]:  # a scenario that reports its FlashInfer: the pinned one
+            assert check["target"]["result"].get("flashinfer", pinned) == pinned, check
+        assert name not in PORTED  # not carried forward
+    if rec["status"] == "conflicts":
+        assert not (rec["checks"] and all(map(_discriminates, rec["checks"]))), rec
+        _conflict_hunks(rec)
+        earlier = SOURCE[: SOURCE.index(name)]
+        conflicting = {n for n in earlier if COMMITTED["patches"][n] == "conflicts"}
+        assert set(rec["after_uncarried"]) <= conflicting, rec["after_uncarried"]
+        assert rec["merge_conflicts"] or rec["after_uncarried"], rec
+        for path in rec["merge_conflicts"]:  # a diff3 merge to resolve, or why there is none
+            text = _merged(report, name, path)
+            assert "<<<<<<< target tag" in text or "not in the target tag" in text, text
+    for spec in _scenarios(name):
+        if facts := REPORT_FACTS.get(TAG, {}).get(spec):
+            facts(report, rec)
+
+
+def _pin_absorbed_0_33_0(report: dict, rec: dict) -> None:
+    """v0.33.0 pins FlashInfer 0.7.2.post1: the bug C scenario is red on
+    v0.27.1 before the pin and green on pristine v0.33.0 (on this Python <
+    3.12, where the check discriminates)."""
+    assert (rec["status"], rec["how"]) == ("absorbed", "checks")
+    (check,) = rec["checks"]
+    assert check["spec"] == "bug_c:import_flashinfer_all_reduce"
+    assert check["target"]["passed"] is True
+    assert check["target"]["result"]["flashinfer"] == "0.7.2.post1"
+    assert check["pinned_before"]["passed"] is False
+
+
+def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """The first bug A patch conflicts on its own (no earlier patch left
     behind): vllm#52193 changed the pass's token limit to the widest model's
     rows (`self.workspace_hidden_dim`, where the patch replaces the line that
@@ -212,15 +275,14 @@ def test_sizing_conflicts_with_upstreams_partial_fix(report):
     `get_node_count`).  The worker, config and test hunks merge.  The
     warm-start check is red on pristine v0.33.0 (the seed's ValueError): not
     absorbed."""
-    rec = _record(report, SIZING)
     assert rec["status"] == "conflicts", rec["detail"]
     assert rec["after_uncarried"] == {}
     assert set(_conflict_hunks(rec)) == {ARF, FI_AR}
     assert set(rec["merge_conflicts"]) == {ARF, FI_AR}
-    assert "self.workspace_hidden_dim" in _upstream_side(report, SIZING, ARF)
-    assert "import _node_count" in _upstream_side(report, SIZING, FI_AR)
+    assert "self.workspace_hidden_dim" in _upstream_side(report, rec["name"], ARF)
+    assert "import _node_count" in _upstream_side(report, rec["name"], FI_AR)
     for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
-        assert "<<<<<<< target tag" in _merged(report, SIZING, path)
+        assert "<<<<<<< target tag" in _merged(report, rec["name"], path)
     (check,) = rec["checks"]
     assert check["spec"] == "bug_a:warm_start"
     assert check["target"]["passed"] is False
@@ -229,21 +291,20 @@ def test_sizing_conflicts_with_upstreams_partial_fix(report):
     assert "pinned_before" not in check  # red on the target: no need to look back
 
 
-def test_lifetime_conflicts_of_its_own_and_builds_on_sizing(report):
+def _lifetime_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """It builds on the sizing patch (its test file and its
     prepare_fi_ar_workspace() are not in v0.33.0), and also conflicts on its
     own: v0.33.0's CudaCommunicator.destroy() tears down the PCIe IPC
     all-reduce where the patch releases the workspace.  v0.33.0 still has
     AllReduceFusionPass.__del__: the drafter's collected pass destroys the
     workspace (red)."""
-    rec = _record(report, LIFETIME)
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING]
     hunks = _conflict_hunks(rec)
     assert [h["header"] for h in hunks[WS_TEST]] == ["missing in the target tag"]
     assert set(rec["merge_conflicts"]) == {WS_TEST, CUDA_COMM, FI_AR}
     assert CUDA_COMM not in rec["after_uncarried"][SIZING]  # a conflict of its own
-    assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, LIFETIME, CUDA_COMM)
+    assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, rec["name"], CUDA_COMM)
     (check,) = rec["checks"]
     assert check["spec"] == "bug_a:drafter_pass_collected"
     result = check["target"]["result"]
@@ -251,20 +312,19 @@ def test_lifetime_conflicts_of_its_own_and_builds_on_sizing(report):
     assert result["destroyed"] >= 1 and result["alive_after_gc"] is False, result
 
 
-def test_agreement_conflicts_with_upstreams_failure_latches(report):
+def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """The v0.27.1 patch backports the failure latches that v0.33.0 already
     has (`_fi_ar_workspace_failed = True` on the target side; one hunk is
     found already applied), and changes prepare_fi_ar_workspace() of the two
     patches before it (a conflict with its absence upstream).  v0.33.0
     attempts creation once but decides per rank: with a peer's creation
     failing, this rank keeps its workspace (red)."""
-    rec = _record(report, AGREEMENT)
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING, LIFETIME]
     hunks = _conflict_hunks(rec)
     assert any("previously applied" in h["header"] for h in hunks[FI_AR]), hunks
     assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
-    upstream = _upstream_side(report, AGREEMENT, FI_AR)
+    upstream = _upstream_side(report, rec["name"], FI_AR)
     assert "_fi_ar_workspace_failed = True" in upstream
     assert "_fi_ar_quant_workspace_failed = True" in upstream
     (check,) = rec["checks"]
@@ -276,23 +336,38 @@ def test_agreement_conflicts_with_upstreams_failure_latches(report):
         assert result[start]["workspace"] != result[start]["peer_workspace"], result
 
 
-def test_fits_conflicts_where_upstream_has_the_standalone_check(report):
+def _fits_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """The v0.27.1 patch also backports the standalone all-reduce's
     is_buffer_size_sufficient check (vllm#50932), which v0.33.0 has in its
     own words: that hunk conflicts, the rest builds on the three bug A
     patches.  The fused op on MNNVL still leaves the strategy to FlashInfer:
     the narrower draft's 16-token one-shot request overflows (red)."""
-    rec = _record(report, FITS)
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING, LIFETIME, AGREEMENT]
     assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
-    assert "return workspace.is_buffer_size_sufficient(" in _upstream_side(report, FITS, FI_AR)
+    assert "return workspace.is_buffer_size_sufficient(" in _upstream_side(
+        report, rec["name"], FI_AR
+    )
     (check,) = rec["checks"]
     assert check["spec"] == "bug_b:run_case" and check["kwargs"]["widths"] == [6144, 4096]
     result = check["target"]["result"]
     assert check["target"]["passed"] is False, result
     assert (result["failures"], result["unfused"]) == (1, 0), result
     assert INSUFFICIENT in result["failure_examples"][0]["error"], result
+
+
+# What the rebase onto a tag showed beyond its rebase.json (why each patch
+# conflicts, what its checks gave), per patch by the scenario its header names:
+# {tag: {scenario: check(report, record)}}, checked when the tag is the newest.
+REPORT_FACTS: dict[str, dict[str, Callable[[dict, dict], None]]] = {
+    "v0.33.0": {
+        "bug_c:import_flashinfer_all_reduce": _pin_absorbed_0_33_0,
+        "bug_a:warm_start": _sizing_conflicts_0_33_0,
+        "bug_a:drafter_pass_collected": _lifetime_conflicts_0_33_0,
+        "bug_a:creation_failure": _agreement_conflicts_0_33_0,
+        "bug_b:run_case": _fits_conflicts_0_33_0,
+    },
+}
 
 
 # -- the classification machinery, on synthetic trees --------------------------------
@@ -402,18 +477,18 @@ def test_classify_absorbed_needs_a_discriminating_check(tmp_path):
 
 
 def test_port_has_pins_and_carries_every_unabsorbed_fix():
-    """The same names as the v0.27.1 series, in its order, less the absorbed ones
-    (patches/v0.33.0/rebase.json)."""
+    """The same names as the source series, in its order, less the absorbed
+    ones (patches/<tag>/rebase.json)."""
     assert (PORT / "pins.toml").exists()
-    status = json.loads((PORT / "rebase.json").read_text())["patches"]
+    status = COMMITTED["patches"]
     assert list(status) == SOURCE
     carried = [n for n in SOURCE if status[n] != "absorbed"]
     assert carried == PORTED
-    assert PORTED == [SIZING, LIFETIME, AGREEMENT, FITS]
+    assert PORTED  # a line with nothing to carry would be the pristine tag
 
 
 def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
-    """Like python -m tpfix.maint.series --line v0.33.0 check."""
+    """Like python -m tpfix.maint.series --line TAG check."""
     copy = tmp_path / "patches"
     shutil.copytree(PORT, copy)
     tree = pristine_tree(tmp_path / "vllm", TAG)
@@ -424,21 +499,37 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
         assert filecmp.cmp(PORT / name, copy / name, shallow=False), name
 
 
-def test_port_of_bug_a_keeps_upstreams_fix_and_adds_the_rest():
+@pytest.mark.parametrize("name", PORTED)
+def test_port_keeps_its_fix(name):
+    """Each port fixes what the source line's patch fixes: the same `Bug:`
+    (its upstream issue), the same scenarios (test_port_scenario_... runs
+    them), its Claims; the key lines of each port of TAG are in PORT_FACTS."""
+    port, source = read_patch(PORT / name).header, read_patch(PATCHES / name).header
+    assert port.get("Bug") and port.get("Bug") == source.get("Bug"), name
+    assert _issue(PORT / name) == ISSUE[name], name
+    assert patch_checks(PORT / name) and [c.spec for c in patch_checks(PORT / name)] == (
+        _scenarios(name)
+    )
+    assert port.get_all("Claim"), f"{name}: no Claim: fields"
+    for spec in _scenarios(name):
+        if facts := PORT_FACTS.get(TAG, {}).get(spec):
+            facts(name)
+
+
+def _sizing_port_0_33_0(name: str) -> None:
     """Only what v0.33.0 lacks, on top of vllm#52193: its width helper and
-    its tests stay; one token-limit helper for the compile ranges, the pass
-    and the plan; the worker plans and creates the workspace once the models
-    are loaded (warm start, no creation in CUDA graph capture), and whoever
-    creates it applies the plan; the pass no longer frees it, the TP group's
-    teardown does; all ranks agree on creation (a MIN all-reduce); the fused
-    op asks the workspace whether a request fits."""
-    for name in PORTED:  # upstream's helper and its tests are kept
-        text = (PORT / name).read_text()
-        assert "-def _fused_ar_workspace_hidden_dim(" not in text, name
-        assert "-def test_fused_ar_workspace_hidden_dim" not in text, name
-    sizing = {p: _diff_of(PORT / SIZING, p) for p in (ARF, FI_AR, WORKER)}
-    sizing["config"] = _diff_of(PORT / SIZING, "vllm/config/compilation.py")
-    sizing["ranges"] = _diff_of(PORT / SIZING, "vllm/config/vllm.py")
+    its tests stay (in every port); one token-limit helper for the compile
+    ranges, the pass and the plan; the worker plans and creates the
+    workspace once the models are loaded (warm start, no creation in CUDA
+    graph capture), and whoever creates it applies the plan.  vllm#52193
+    fixed the cold start upstream; the port keeps it fixed."""
+    for other in PORTED:  # upstream's helper and its tests are kept
+        text = (PORT / other).read_text()
+        assert "-def _fused_ar_workspace_hidden_dim(" not in text, other
+        assert "-def test_fused_ar_workspace_hidden_dim" not in text, other
+    sizing = {p: _diff_of(PORT / name, p) for p in (ARF, FI_AR, WORKER)}
+    sizing["config"] = _diff_of(PORT / name, "vllm/config/compilation.py")
+    sizing["ranges"] = _diff_of(PORT / name, "vllm/config/vllm.py")
     helper = (
         "+    def ar_fusion_max_tokens(max_size: int, tokens: int, hidden: int, elem: int) -> int:"
     )
@@ -454,34 +545,65 @@ def test_port_of_bug_a_keeps_upstreams_fix_and_adds_the_rest():
     assert "+        hidden_dim = max(hidden_dim, _fi_ar_workspace_shape[1])" in sizing[FI_AR]
     call = "+        flashinfer_all_reduce.prepare_fi_ar_workspace("
     assert any(x.startswith(call) for x in sizing[WORKER])
-    lifetime = _diff_of(PORT / LIFETIME, ARF) + _diff_of(PORT / LIFETIME, CUDA_COMM)
-    assert "-    def __del__(self) -> None:" in lifetime
-    assert "+            destroy_fi_ar_workspace()" in lifetime
-    agreement = _diff_of(PORT / AGREEMENT, FI_AR)
-    assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in agreement
-    assert "+        if use_oneshot is None and not workspace.is_buffer_size_sufficient(" in (
-        _diff_of(PORT / FITS, ARF)
-    )
+    # its end-to-end cold-then-warm start at TP2 is for upstream's multi-GPU CI
+    assert any("test_draft_model_allreduce_fusion.py::" in t for t in multi_gpu_tests(PORT / name))
     # bug A is vllm#52023; the fits patch is filed under it too (its overflow
     # needs a workspace shared with a wider model; vllm#47284 is Related)
     assert {ISSUE[n] for n in PORTED} == {"#52023"}, ISSUE
-    for name in PORTED:  # the same upstream issue as the v0.27.1 patch, not forwarded yet
-        assert _issue(PORT / name) == ISSUE[name], name
-        assert read_patch(PORT / name).header.get("Forwarded") == "no", name
+    for other in PORTED:  # not forwarded yet
+        assert read_patch(PORT / other).header.get("Forwarded") == "no", other
     tree = port_tree()
     pass_src = (tree / ARF).read_text()
     assert "def _fused_ar_workspace_hidden_dim(config: VllmConfig) -> int:" in pass_src
     assert "self.workspace_hidden_dim = _fused_ar_workspace_hidden_dim(config)" in pass_src
-    assert "def __del__" not in pass_src
     test_src = (tree / "tests/compile/passes/distributed/test_fusion_all_reduce.py").read_text()
     assert "def test_fused_ar_workspace_hidden_dim(" in test_src
     assert "def test_fused_ar_workspace_hidden_dim_spec_without_draft(" in test_src
     worker = (tree / WORKER).read_text()
     load = worker[worker.index("    def load_model(") :]
     assert load.index("self.model_runner.load_model(") < load.index("prepare_fi_ar_workspace(")
+    trees = port_tree(""), port_tree()  # the cold start: green on pristine and port
+    for res in both(*(lambda t=t: run_scenario(t, "bug_a:cold_start") for t in trees)):
+        assert "error" not in res, res
+        ws = res["workspaces"]["_fi_ar_workspace"]
+        assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
 
 
-# -- red on pristine v0.33.0 (or the ports before), green with the port ----------------
+def _lifetime_port_0_33_0(name: str) -> None:
+    """The pass no longer frees the workspace, the TP group's teardown does."""
+    lifetime = _diff_of(PORT / name, ARF) + _diff_of(PORT / name, CUDA_COMM)
+    assert "-    def __del__(self) -> None:" in lifetime
+    assert "+            destroy_fi_ar_workspace()" in lifetime
+    assert "def __del__" not in (port_tree() / ARF).read_text()
+
+
+def _agreement_port_0_33_0(name: str) -> None:
+    """All ranks agree on creation (a MIN all-reduce)."""
+    agreement = _diff_of(PORT / name, FI_AR)
+    assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in agreement
+
+
+def _fits_port_0_33_0(name: str) -> None:
+    """The fused op asks the workspace whether a request fits."""
+    assert "+        if use_oneshot is None and not workspace.is_buffer_size_sufficient(" in (
+        _diff_of(PORT / name, ARF)
+    )
+
+
+# The key lines of each port of a tag (what a reviewer of that port checked),
+# per patch by the scenario its header names: {tag: {scenario: check(name)}},
+# checked when the tag is the newest.
+PORT_FACTS: dict[str, dict[str, Callable[[str], None]]] = {
+    "v0.33.0": {
+        "bug_a:warm_start": _sizing_port_0_33_0,
+        "bug_a:drafter_pass_collected": _lifetime_port_0_33_0,
+        "bug_a:creation_failure": _agreement_port_0_33_0,
+        "bug_b:run_case": _fits_port_0_33_0,
+    },
+}
+
+
+# -- red on the pristine tag (or the ports before), green with the port ----------------
 
 
 def _warm_start_details(before: dict, after: dict) -> None:
@@ -511,9 +633,9 @@ DETAILS = {"bug_a:warm_start": _warm_start_details, "bug_b:run_case": _narrow_dr
 @pytest.mark.parametrize("name", PORTED)
 def test_port_scenario_red_before_green_with_it(name):
     """Each `Scenario:` of the port's header, with its verdict (check_*):
-    red on v0.33.0 + the ports before it, green with it."""
+    red on TAG + the ports before it, green with it."""
     checks = patch_checks(PORT / name)
-    assert [c.spec for c in checks] == _scenarios(name)  # the same as on v0.27.1
+    assert [c.spec for c in checks] == _scenarios(name)  # the same as on the source line
     for check in checks:
         before, after = both(
             lambda c=check: run_check(port_before(name), c),
@@ -523,15 +645,6 @@ def test_port_scenario_red_before_green_with_it(name):
         assert after["passed"] is True, (check.spec, after)
         if check.spec in DETAILS:
             DETAILS[check.spec](before, after)
-
-
-def test_bug_a_cold_start_green_on_pristine_and_port():
-    """vllm#52193 fixed the cold start upstream; the port keeps it fixed."""
-    trees = port_tree(""), port_tree()
-    for res in both(*(lambda t=t: run_scenario(t, "bug_a:cold_start") for t in trees)):
-        assert "error" not in res, res
-        ws = res["workspaces"]["_fi_ar_workspace"]
-        assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
 
 
 def _changed_tests(patchfile: Path) -> set[str]:
@@ -640,7 +753,7 @@ def test_export_gives_one_mail_and_one_description_per_port(exported):
 
 
 def test_export_command_prints_the_files(tmp_path):
-    """The command (`python -m tpfix.maint.export v0.33.0 --no-tests`) prints
+    """The command (`python -m tpfix.maint.export TAG --no-tests`) prints
     each mail and its description, in series order."""
     out = tmp_path / "export"
     proc = subprocess.run(
@@ -717,5 +830,3 @@ def test_pr_descriptions_follow_vllms_template(exported):
         assert p["multi_gpu_tests"] == gpu
         for test in gpu:  # named as not run here, for upstream's multi-GPU CI
             assert f"  - `{test}`" in _section(text, "Validation"), p["name"]
-    sizing = next(p for p in rep["patches"] if p["name"] == SIZING)
-    assert any("test_draft_model_allreduce_fusion.py::" in t for t in sizing["multi_gpu_tests"])
