@@ -3,7 +3,7 @@
 """A line's revision only grows: what it ships changed -> bump it, with an entry.
 
 Every line's CHANGELOG.md names its VERSION as the newest entry, with the
-fingerprint (maint.revision.fingerprint) of its series, patches and pins;
+fingerprint (lines.fingerprint) of its series, patches and pins;
 the revisions listed strictly increase.  The second half proves the check can
 fail, on a copy of a line in tmp_path.
 """
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import Line, get_line, line_names
-from tpfix.maint.revision import bump, entries, fingerprint, problems
+from tpfix.lines import Line, fingerprint, get_line, line_names
+from tpfix.lines import changelog_entries as entries
+from tpfix.lines import revision_problems as problems
+from tpfix.maint.revision import bump
 from tpfix.patch_format import read_series
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.lines import Line, get_line, line_names, load_pins
-from tpfix.maint.revision import problems
+from tpfix.lines import revision_problems as problems
 from tpfix.patch_format import read_series
 from tpfix.support_matrix import WHEEL_FACTS
 from tpfix.util import ROOT

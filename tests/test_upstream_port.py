@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The newest release line, the forward port that goes upstream: rebase
 report, forward port, export.  The line is taken from the data: the newest
-folder of patches/ (tpfix.common.line_names()), its source line the `from` of
+folder of patches/ (tpfix.lines.line_names()), its source line the `from` of
 its rebase.json (what python -m tpfix.maint.start_line wrote), so a line
 started with start_line (and ported) is covered with no edit here.
 

@@ -7,12 +7,14 @@ where a line's builds go (Release, dist_state, image_tag)."""
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from tpfix.patch_format import read_series
 from tpfix.util import ROOT, Fail, shown
 
 # Every release line is one folder patches/<tag>/ of the same shape (Line).
@@ -266,3 +268,69 @@ def dist_state(dist: Path) -> Path:
 def image_tag(version: str) -> str:
     """Our image's default name for distribution version `version`."""
     return f"vllm-openai:v{version.replace('+', '-')}"
+
+
+# A line's revision (the number after +tpfix.) and its CHANGELOG.md: bumped
+# with python -m tpfix.maint.revision, checked by the build and the tests.
+ENTRY = re.compile(r"^## (\S+)[ \t]*$", re.M)
+FINGERPRINT = re.compile(r"^fingerprint: sha256:([0-9a-f]{64})[ \t]*$", re.M)
+
+
+def fingerprint(line: Line) -> str:
+    """sha256 (hex) over what the line ships: its series file, each patch the
+    series names (name and bytes, in order) and its pins.toml."""
+    h = hashlib.sha256()
+    h.update(b"series\0" + line.series.read_bytes() + b"\0")
+    for name in read_series(line.series):
+        h.update(name.encode() + b"\0" + (line.patches / name).read_bytes() + b"\0")
+    h.update(b"pins.toml\0" + line.pins.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def changelog_entries(line: Line) -> list[tuple[str, str]]:
+    """(version, text below its heading) of each CHANGELOG.md entry, as listed."""
+    text = line.changelog.read_text() if line.changelog.exists() else ""
+    heads = list(ENTRY.finditer(text))
+    ends = [m.start() for m in heads[1:]] + [len(text)]
+    return [(m.group(1), text[m.end() : end]) for m, end in zip(heads, ends)]
+
+
+def bump_command(line: Line) -> str:
+    return f'python -m tpfix.maint.revision bump {line.tag} "what changed, for users"'
+
+
+def revision_problems(line: Line) -> list[str]:
+    """What is wrong with the line's revision and changelog ([] when nothing)."""
+    log, hint = shown(line.changelog), f"run: {bump_command(line)}"
+    found = changelog_entries(line)
+    if not found:
+        return [f"{log}: no `## <version>` entry; {hint}"]
+    out = []
+    listed = [v for v, _ in found]
+    for newer, older in zip(listed, listed[1:]):
+        if revision_number(line, newer) <= revision_number(line, older):
+            out.append(f"{log}: {newer} is listed above {older}: revisions must strictly increase")
+    version = read_version(line.version_file)
+    if listed[0] != version:
+        out.append(
+            f"{shown(line.version_file)}: {version}, but {log}'s newest entry is {listed[0]}; "
+            f"write the entry or {hint}"
+        )
+    m = FINGERPRINT.search(found[0][1])
+    now = fingerprint(line)
+    if not m:
+        out.append(f"{log}: the newest entry {listed[0]} records no `fingerprint: sha256:<hex>`")
+    elif m.group(1) != now:
+        out.append(
+            f"{shown(line.patches)}: the series, a patch or pins.toml changed since "
+            f"{listed[0]} (fingerprint {now[:12]}, the changelog says {m.group(1)[:12]}); {hint}"
+        )
+    return out
+
+
+def revision_number(line: Line, version: str) -> int:
+    """The revision number of `version` (<upstream>+tpfix.<n>), checked."""
+    m = re.fullmatch(rf"{re.escape(line.tag[1:])}\+{LABEL}\.(\d+)", version)
+    if not m or str(Version(version)) != version:
+        raise Fail(f"{shown(line.changelog)}: entry {version!r} is not {line.tag[1:]}+{LABEL}.<n>")
+    return int(m.group(1))

@@ -46,8 +46,15 @@ from pathlib import Path
 
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.fetch import fetch_sdist, fetch_wheel
-from tpfix.lines import Line, Release, get_line, line_names, read_version
-from tpfix.maint.revision import bump_command, entries
+from tpfix.lines import (
+    Line,
+    Release,
+    bump_command,
+    changelog_entries,
+    get_line,
+    line_names,
+    read_version,
+)
 from tpfix.package import describe, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
@@ -243,7 +250,7 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
     Returns the published wheel with the facts of its build (for the image stage)."""
     version = read_version(line.version_file)
     names = read_series(line.series)
-    newest = next(iter(entries(line)), ("none", ""))[0]
+    newest = next(iter(changelog_entries(line)), ("none", ""))[0]
     if newest != version:
         # the revision is bumped with its changelog entry (tpfix.maint.revision)
         raise Fail(

@@ -44,9 +44,8 @@ import tarfile
 from pathlib import Path
 
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
-from tpfix.lines import LABEL, LINES, Line, get_line, line_names
+from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names
 from tpfix.maint.rebase import format_table, rebase
-from tpfix.maint.revision import fingerprint
 from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
 from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
 from tpfix.wheelfile import wheel_requirements
