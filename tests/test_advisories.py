@@ -7,7 +7,7 @@ The advisory tests run the real pip-audit against an OSV-compatible service
 simulated on 127.0.0.1 (it answers one made-up advisory for vllm 0.27.1 and
 one for jinja2), and against a port nobody listens on; the real uv resolves
 from an index of tiny wheels served on 127.0.0.1.  The dist/ they audit is
-the package stage's on the tiny wheel of tests/test_release.py.
+the package stage's on the tiny wheel of tests/small_dist.py.
 
 Fast tier: triage entries and the pure functions.  Slow tier: every package
 stage, subprocess or server, and the real advisory command against the real
@@ -28,8 +28,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from small_dist import check_sums, publish_small, sums
 from test_index import make_wheel
-from test_release import _check_sums, _publish_small, _sums
 
 from tpfix import advisories, sbom, triage
 from tpfix.lines import get_line, line_names, read_version
@@ -109,7 +109,7 @@ def _pinned(tmp: Path) -> Path:
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
-    dist, wheel, _, _ = _publish_small(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path)
     proc = _advise(
         dist, "--requirements", str(_pinned(tmp_path)), "--service", "osv", "--osv-url", osv
     )
@@ -153,8 +153,8 @@ def test_advisory_report_and_vex_from_the_service(tmp_path: Path, osv: str):
     ]
     ext = doc["metadata"]["component"]["externalReferences"]
     assert all(e["type"] != "exploitability-statement" for e in ext)
-    assert {f"{wheel.name}.advisories.json", f"{wheel.name}.vex.cdx.json"} <= set(_sums(dist))
-    _check_sums(dist)
+    assert {f"{wheel.name}.advisories.json", f"{wheel.name}.vex.cdx.json"} <= set(sums(dist))
+    check_sums(dist)
 
 
 def _triaged_line(tmp: Path, text: str):
@@ -181,7 +181,7 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
             f'[[advisory]]\nid = "CVE-2099-0001"\nstate = "{state}"\n{extra}\n'
             'detail = "unused API"\n',
         )
-        dist, wheel, sdist, official = _publish_small(tmp_path / state)
+        dist, wheel, sdist, official = publish_small(tmp_path / state)
         vex = json.loads(advisories.vex(report, dist / f"{wheel.name}.cdx.json", line))
         (v,) = vex["vulnerabilities"]
         assert v["analysis"]["state"] == state
@@ -287,7 +287,7 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: Path):
-    dist, wheel, _, _ = _publish_small(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path)
     before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -307,7 +307,7 @@ def test_unreachable_advisory_source_fails_loudly_and_writes_nothing(tmp_path: P
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_a_source_answering_404_to_everything_is_named_in_one_line(tmp_path: Path, osv: str):
-    dist, wheel, _, _ = _publish_small(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path)
     before = {p: p.read_bytes() for p in dist.rglob("*") if p.is_file()}
     _OSV.not_found = True
     proc = _advise(
@@ -380,7 +380,7 @@ def test_real_advisory_source_reports_or_fails_loudly(built_wheel: Path, tmp_pat
         assert advisories.needed(built_wheel, tgt["env"]) <= audited
         assert report["tpfix"]["projects"] == len(audited) > 50
         assert "vllm" in audited and "torch" in audited
-        _check_sums(dist)
+        check_sums(dist)
     else:
         assert proc.returncode == 2, proc.stderr
         assert (
@@ -406,7 +406,7 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
     """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
     code, on an inventory written here), report and VEX beside that SBOM."""
     # the image holds our wheel: the same version in the SBOM and the inventory
-    dist, wheel, sdist, official = _publish_small(tmp_path, read_version())
+    dist, wheel, sdist, official = publish_small(tmp_path, read_version())
     inventory = {
         "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
         "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
@@ -438,4 +438,4 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
     # jinja2 is in the image's SBOM: linked there, not described again
     assert affects["jinja2@3.1.6"] == [{"ref": f"urn:cdx:{serial}/1#pkg:pypi/jinja2@3.1.6"}]
     assert not vex.get("components")
-    assert {"image/x-1.advisories.json", "image/x-1.vex.cdx.json"} <= set(_sums(dist))
+    assert {"image/x-1.advisories.json", "image/x-1.vex.cdx.json"} <= set(sums(dist))

@@ -61,7 +61,7 @@ def test_wheel_carries_version_from_VERSION_everywhere(built: Path):
 def test_sha256sums_lists_the_wheel(built: Path):
     sums = (built.parent / "SHA256SUMS").read_text()
     assert f"{_sha(built)}  {built.name}\n" in sums
-    # beside the wheel only what describes it (tests/test_release.py checks each)
+    # beside the wheel only what describes it (tests/test_package.py checks each)
     assert sorted(p.name for p in built.parent.iterdir()) == sorted(
         ["SHA256SUMS", "simple", built.name]
         + [built.name + s for s in (".cdx.json", ".metadata", ".provenance.json")]

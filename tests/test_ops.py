@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+from small_dist import SIDE, check_sums, keypair, publish_small
 from test_bad_input import _run, repo  # noqa: F401  (repo: the fixture)
 from test_index import make_wheel
-from test_release import SIDE, _check_sums, _keypair, _publish_small
 
 from tpfix import package, pipeline
 from tpfix.lines import get_line
@@ -95,7 +95,7 @@ def test_publish_into_a_mount_point(tmp_path: Path, kind: str):
             + ["simple", "simple/index.html", "simple/vllm", "simple/vllm/index.html"]
         )
         assert _published(dist) == expected  # no staging folder, nothing hidden
-        _check_sums(dist)
+        check_sums(dist)
         if kind == "bind":
             assert (tmp_path / "elsewhere" / wheel.name).exists()
 
@@ -350,7 +350,7 @@ def test_kill_9_of_a_build_leaves_no_setup_py_behind(tmp_path: Path):
 
 @pytest.mark.slow  # a subprocess for the release artifacts
 def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
-    priv, pub = _keypair(tmp_path)
+    priv, pub = keypair(tmp_path)
     from tpfix import attest
 
     stmt = tmp_path / "x.provenance.json"
@@ -395,8 +395,8 @@ def _clean_python(tmp_path: Path) -> Path:
 
 @pytest.mark.slow  # a package stage (about a second) and a venv
 def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: Path):
-    priv, pub = _keypair(tmp_path)
-    dist, wheel, _, _ = _publish_small(tmp_path, key=priv)
+    priv, pub = keypair(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
     verify_py = dist / "verify.py"
     assert "verify.py" in (dist / "SHA256SUMS").read_text()
     env = dist / f"{wheel.name}.intoto.jsonl"
@@ -435,7 +435,7 @@ def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: P
     assert proc.returncode == 1 and "no signature verifies" in proc.stderr, proc.stderr
     # another key
     (tmp_path / "other").mkdir()
-    _, other = _keypair(tmp_path / "other")
+    _, other = keypair(tmp_path / "other")
     proc = check(genv, gwheel, other)
     assert proc.returncode == 1 and "no signature verifies" in proc.stderr, proc.stderr
     assert verify_py.read_bytes() == (
@@ -445,7 +445,7 @@ def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: P
 
 @pytest.mark.slow  # a package stage (about a second)
 def test_an_unsigned_dist_ships_no_verify_py(tmp_path: Path):
-    dist, _, _, _ = _publish_small(tmp_path)
+    dist, _, _, _ = publish_small(tmp_path)
     assert not (dist / "verify.py").exists()
 
 

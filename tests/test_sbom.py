@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The SBOMs (tpfix.sbom): the wheel's, written by the package stage on the
-tiny wheel of tests/test_release.py, and the schema check.  The image's SBOM
+tiny wheel of tests/small_dist.py, and the schema check.  The image's SBOM
 on a real image: tests/test_image.py.
 
 Fast tier: the schema check.  Slow tier: every package stage.
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_release import _publish_small, _sha
+from small_dist import publish_small, sha
 
 from tpfix import sbom
 from tpfix.lines import get_line, read_version
@@ -34,7 +34,7 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
     root = doc["metadata"]["component"]
     assert root["name"] == "vllm"
     assert root["version"] == wheel.name.split("-")[1]
-    assert root["hashes"] == [{"alg": "SHA-256", "content": _sha(wheel)}]
+    assert root["hashes"] == [{"alg": "SHA-256", "content": sha(wheel)}]
     assert minimum_elements(doc, {root["bom-ref"]}) == []
     ancestors = {a["bom-ref"].split(":")[1]: a for a in root["pedigree"]["ancestors"]}
     assert ancestors["sdist"]["hashes"][0]["content"] == sdist_sha
@@ -49,7 +49,7 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
     for pos, (name, p) in enumerate(zip(names, patches, strict=True), 1):
         issue = _defect(p)
         assert issue["description"].startswith(
-            f"{name} (sha256 {_sha(line.patches / name)}), patch {pos} of {len(names)} "
+            f"{name} (sha256 {sha(line.patches / name)}), patch {pos} of {len(names)} "
             "in series order; upstream: "
         )
         assert p["diff"]["text"]["content"] == (line.patches / name).read_text()
@@ -85,8 +85,8 @@ def _trailers(path: Path):
 
 @pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_sbom_names_the_upstream_inputs_and_each_patch(tmp_path: Path):
-    dist, wheel, sdist, official = _publish_small(tmp_path)
-    doc = _check_sbom(dist / f"{wheel.name}.cdx.json", wheel, _sha(sdist), _sha(official))
+    dist, wheel, sdist, official = publish_small(tmp_path)
+    doc = _check_sbom(dist / f"{wheel.name}.cdx.json", wheel, sha(sdist), sha(official))
     (comp,) = doc["components"]  # the tiny wheel's one requirement
     assert comp["name"] == "flashinfer-python" and comp["scope"] == "required"
     assert comp["version"] == "0.6.16.post4"
@@ -264,7 +264,7 @@ def minimum_elements(doc: dict, shipped: set[str]) -> list[str]:
 def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
     """The image's SBOM (sbom.image_bom, the real code) on an inventory written
     here, around the package stage's wheel component; and that component's ref."""
-    dist, wheel, sdist, official = _publish_small(tmp_path, read_version())
+    dist, wheel, sdist, official = publish_small(tmp_path, read_version())
     inventory = {
         "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
         "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
@@ -296,8 +296,8 @@ def test_image_sbom_has_the_minimum_elements(tmp_path: Path):
 
 @pytest.mark.slow  # two package stages (about a second each): not while editing a patch
 def test_sboms_of_two_builds_are_byte_identical(tmp_path: Path):
-    a, wa, _, _ = _publish_small(tmp_path / "a")
-    b, wb, _, _ = _publish_small(tmp_path / "b")
+    a, wa, _, _ = publish_small(tmp_path / "a")
+    b, wb, _, _ = publish_small(tmp_path / "b")
     assert (a / f"{wa.name}.cdx.json").read_bytes() == (b / f"{wb.name}.cdx.json").read_bytes()
     assert _image_sbom(tmp_path / "c") == _image_sbom(tmp_path / "d")
 

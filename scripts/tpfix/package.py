@@ -21,7 +21,7 @@ and any other vllm-* file.  So every file in dist/ is always whole, old
 bytes or new, never part of either; SHA256SUMS changes only once all it
 lists is in place.  A run killed between two moves leaves a mix of old and
 new files, which `sha256sum -c SHA256SUMS` reports; the next build replaces
-it (tests/test_release.py kills one at every step).
+it (tests/test_package.py kills one at every step).
 """
 
 from __future__ import annotations

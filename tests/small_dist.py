@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""A small dist/ for the tests of the package stage, the provenance, the SBOM
+and the advisories: the package stage (tpfix.package.describe + publish, the
+real code) on a tiny wheel made here, with two small files standing in for the
+upstream sdist and official wheel (only their sha256 goes into the documents)
+and the default line's real series; and the checks an operator runs on it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from google.protobuf import json_format
+from in_toto_attestation.v1 import statement_pb2
+from in_toto_attestation.v1.statement import Statement
+from test_index import make_wheel
+
+from tpfix import attest, package
+from tpfix.lines import get_line
+
+SIDE = (".cdx.json", ".provenance.json", ".metadata")
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def sums(dist: Path) -> dict[str, str]:
+    lines = (dist / "SHA256SUMS").read_text().splitlines()
+    return {ln.split("  ", 1)[1]: ln.split("  ", 1)[0] for ln in lines}
+
+
+def check_sums(dist: Path) -> None:
+    """`sha256sum -c` (the coreutils tool an operator runs) accepts SHA256SUMS."""
+    proc = subprocess.run(
+        ["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=dist, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def keypair(folder: Path, password: bytes | None = None) -> tuple[Path, Path]:
+    """A throwaway ed25519 key pair, made for this test only."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    priv, pub = folder / "signing.pem", folder / "signing.pub.pem"
+    enc = (
+        serialization.BestAvailableEncryption(password)
+        if password
+        else serialization.NoEncryption()
+    )
+    priv.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return priv, pub
+
+
+def publish_small(tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None = None):
+    """The package stage on a tiny wheel: returns (dist, wheel, sdist, official)."""
+    staging, dist = tmp / "staging", tmp / "dist"
+    wheel = make_wheel(staging, version)
+    sdist, official = tmp / "vllm-0.27.1.tar.gz", tmp / "vllm-0.27.1-py3-none-any.whl"
+    sdist.write_bytes(b"stand-in for the pinned sdist")
+    official.write_bytes(b"stand-in for the official wheel")
+    signer = attest.load_signer(key) if key else None
+    extras = package.describe(wheel, get_line(), sdist, official, "x86_64", "1700000000", signer)
+    final = package.publish(wheel, dist, extras)
+    return dist, final, sdist, official
+
+
+def statement(path: Path) -> dict:
+    """The statement, parsed back through in-toto-attestation's own validator."""
+    data = json.loads(path.read_text())
+    pb = json_format.ParseDict(data, statement_pb2.Statement())
+    Statement.copy_from_pb(pb).validate()
+    return data

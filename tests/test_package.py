@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The package stage (tpfix.package): what dist/ holds beside the wheel (SBOM,
+provenance, index, SHA256SUMS), reproducible, republished whole, and a publish
+killed at any step repaired by the next.  On a small dist/ (small_dist.py;
+the SBOM's content: test_sbom.py, provenance and signing: test_attest.py) and,
+slow, on the dist/ of a real ./build.sh.
+
+Fast tier: a missing tool stopping the build.  Slow tier: every package
+stage, and the real build's dist/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from small_dist import SIDE, check_sums, publish_small, sha, statement, sums
+from test_index import make_wheel
+
+from tpfix import package
+from tpfix.lines import get_line, sdist_pin, wheel_pin
+from tpfix.util import Fail
+
+
+def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_path: Path):
+    dist, wheel, sdist, official = publish_small(tmp_path)
+    files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
+    expected = sorted(
+        [wheel.name, *(wheel.name + s for s in SIDE), "SHA256SUMS"]
+        + ["simple/index.html", "simple/vllm/index.html"]
+    )
+    assert files == expected
+    assert sorted(sums(dist)) == sorted(set(expected) - {"SHA256SUMS"})
+    check_sums(dist)
+    assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())
+
+
+def test_package_stage_is_byte_reproducible(tmp_path: Path):
+    a, wa, _, _ = publish_small(tmp_path / "a")
+    b, wb, _, _ = publish_small(tmp_path / "b")
+    assert (a / "SHA256SUMS").read_bytes() == (b / "SHA256SUMS").read_bytes()
+
+
+def test_a_missing_tool_is_named_before_any_download(monkeypatch):
+    from tpfix import pipeline
+
+    monkeypatch.setitem(pipeline.TOOLS, "tpfix_no_such_module", ("simple503", "the index"))
+    with pytest.raises(Fail, match=r"missing in .*: simple503 \(the index\); ./build.sh"):
+        pipeline.check_tools()
+
+
+def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
+    dist, old, _, _ = publish_small(tmp_path / "one", "0.27.1+tpfix.2")
+    (dist / f"{old.name}.vex.cdx.json").write_text("{}")  # an advisory report of the old one
+    shutil.rmtree(tmp_path / "one" / "staging")
+    staging = tmp_path / "one" / "staging"
+    wheel = make_wheel(staging, "0.27.1+tpfix.3")
+    sd = tmp_path / "one" / "vllm-0.27.1.tar.gz"
+    off = tmp_path / "one" / "vllm-0.27.1-py3-none-any.whl"
+    extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+    new = package.publish(wheel, dist, extras)
+    assert not [p for p in dist.iterdir() if p.name.startswith(old.name)]
+    assert sorted(p.name for p in dist.glob("vllm-*")) == sorted(
+        [new.name, *(new.name + s for s in SIDE)]
+    )
+    assert "0.27.1+tpfix.2" not in (dist / "simple" / "vllm" / "index.html").read_text()
+    check_sums(dist)
+
+
+def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
+    tmp_path: Path, monkeypatch
+):
+    """Kill publish (KeyboardInterrupt, as SIGTERM becomes) at its n-th move or
+    at SHA256SUMS: every file is the old or the new one in full, and a new
+    publish leaves a dist/ that `sha256sum -c` accepts, with nothing stale."""
+    dist, old, sd, off = publish_small(tmp_path / "first", "0.27.1+tpfix.2")
+    (dist / "image").mkdir()
+    (dist / "image" / "old.cdx.json").write_text("{}")  # an image of the old wheel
+    package.write_sums(dist, [*package.listed(dist), Path("image/old.cdx.json")])
+    whole = {p.read_bytes() for p in dist.rglob("*") if p.is_file()}
+    old_sums = (dist / "SHA256SUMS").read_bytes()
+    real_replace = os.replace
+    for n in range(1, 12):
+        staging = tmp_path / f"staging{n}"
+        wheel = make_wheel(staging, "0.27.1+tpfix.3")
+        extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+        staged = {p.relative_to(staging): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
+        whole |= set(staged.values())
+        calls = []
+
+        def dying_replace(src, dst, calls=calls, n=n):
+            calls.append(dst)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", dying_replace)
+        try:
+            package.publish(wheel, dist, extras)
+            finished = True
+        except KeyboardInterrupt:
+            finished = False
+        monkeypatch.setattr(os, "replace", real_replace)
+        for p in dist.rglob("*"):
+            if p.is_file() and not p.name.startswith(".") and p.name != "SHA256SUMS":
+                assert p.read_bytes() in whole, f"step {n}: {p} is not a whole file"
+        # SHA256SUMS is the old one, or a new one all of whose files are in place
+        if (dist / "SHA256SUMS").read_bytes() != old_sums:
+            check_sums(dist)
+        if finished:
+            break
+    else:
+        pytest.fail("publish never got past 11 moves")
+    assert n > 3  # it was killed at each earlier step
+    # the next build (here: the same files staged again) repairs whatever was left
+    staging = tmp_path / "again"
+    wheel = make_wheel(staging, "0.27.1+tpfix.3")
+    package.publish(wheel, dist, package.describe(wheel, get_line(), sd, off, "x86_64", "1", None))
+    check_sums(dist)
+    assert not (dist / "image" / "old.cdx.json").exists()  # listed before, not now: removed
+    assert not [p for p in dist.glob("vllm-0.27.1+tpfix.2*")]
+
+
+def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
+    dist = built_wheel.parent
+    arch = built_wheel.name.rsplit("_", 2)[-2] if "aarch64" in built_wheel.name else "x86_64"
+    listed = set(sums(dist))
+    assert listed == {
+        built_wheel.name,
+        *(built_wheel.name + s for s in SIDE),
+        "simple/index.html",
+        "simple/vllm/index.html",
+    }
+    check_sums(dist)
+    from test_sbom import _check_sbom
+
+    _check_sbom(
+        dist / f"{built_wheel.name}.cdx.json",
+        built_wheel,
+        sdist_pin().sha256,
+        wheel_pin(arch).sha256,
+    )
+    stmt = statement(dist / f"{built_wheel.name}.provenance.json")
+    assert stmt["subject"][0]["digest"]["sha256"] == sha(built_wheel)
+    # ./build.sh --dist D --workdir W: the output folders are not recorded
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"]["command"] == "./build.sh"
