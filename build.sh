@@ -13,6 +13,11 @@ cd "$(dirname "$0")"
 . ci/venv.sh
 ensure_venv ci/requirements-build.txt
 case "${1:-}" in
-doctor) shift; exec "$VENV_PY" -m tpfix.doctor "$@" ;;
+doctor)
+    shift
+    # the replays import vLLM from source trees: its runtime requirements, once
+    "$VENV_PY" -m tpfix.replay.install_requirements
+    exec "$VENV_PY" -m tpfix.doctor "$@"
+    ;;
 esac
 exec "$VENV_PY" -m tpfix.pipeline "$@"

@@ -62,7 +62,7 @@ def run_doctor(argv: list[str], capsys) -> tuple[int, dict | None, str]:
         (["--python", "3.9", *serve("Qwen3-8B")], "unknown --python '3.9'"),
         (["--allreduce-backend", "nccl", *serve("Qwen3-8B")], "invalid choice: 'nccl'"),
         (["--", "python", "serve.py"], "give the serve line after --"),
-        (["--line", "v9.9.9", *serve("Qwen3-8B")], "no release line 'v9.9.9'"),
+        (["--line", "v9.9.9", *serve("Qwen3-8B")], "invalid choice: 'v9.9.9'"),
     ],
 )
 def test_bad_doctor_options_exit_3(argv, message, capsys):

@@ -44,7 +44,11 @@ def _without_pin(text: str, version: str) -> str:
     return text[:start] + (text[end:] if end >= 0 else "")
 
 
-@pytest.fixture(scope="module", params=line_names()[1:])
+# every line start_line made (its rebase.json says from which line)
+MADE = [t for t in line_names() if (get_line(t).patches / "rebase.json").exists()]
+
+
+@pytest.fixture(scope="module", params=MADE)
 def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProcess]:
     tag = request.param
     copy = tmp_path_factory.mktemp(f"start-{tag}") / "repo"
@@ -57,7 +61,8 @@ def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProc
     fi = copy / "pins" / "flashinfer.toml"
     fi.write_text(_without_pin(fi.read_text(), fi_version))
     assert f'version = "{fi_version}"' not in fi.read_text()
-    proc = _start_line(copy, tag, "--from", DEFAULT)
+    source = json.loads((get_line(tag).patches / "rebase.json").read_text())["from"]
+    proc = _start_line(copy, tag, "--from", source)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tag, copy, proc
 

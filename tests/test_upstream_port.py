@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import get_line, line_names, read_pin_file
+from tpfix.lines import get_line, line_names, newest_line, read_pin_file
 from tpfix.maint.export import (
     export,
     git,
@@ -69,7 +69,7 @@ if len(line_names()) < 2:
     pytest.skip(
         "no release line besides the default: nothing forward-ported", allow_module_level=True
     )
-TAG = line_names()[-1]  # the newest line: what goes upstream (maint.export's default)
+TAG = newest_line()  # the newest line: what goes upstream (maint.export's default)
 PORT = get_line(TAG).patches
 SERIES = PORT / "series"
 # the committed classification (python -m tpfix.maint.start_line writes it)

@@ -3,7 +3,7 @@
 """Preflight: will this `vllm serve` line crash, and what does our wheel change.
 
     ./build.sh doctor [--gpu sm90|sm100|sm103] [--allreduce-backend trtllm|mnnvl]
-                      [--python 3.11|3.12] [--line v0.27.1|v0.33.0] [--json]
+                      [--python 3.10|3.11|3.12] [--line TAG] [--json]
                       -- vllm serve MODEL [vLLM's own options]
 
 No GPU, no download.  The serve line is parsed by the line's own vLLM
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from tpfix.lines import get_line
+from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import flashinfer_site, pinned_flashinfer, run_scenario
@@ -66,7 +66,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--gpu", default="sm90", help="sm90 (default), sm100 or sm103")
     ap.add_argument("--allreduce-backend", choices=("trtllm", "mnnvl"), default=None)
     ap.add_argument("--python", default="3.12", help="the deployment's Python (3.12)")
-    ap.add_argument("--line", default=None, help="release line (default: v0.27.1)")
+    ap.add_argument(
+        "--line",
+        default=None,
+        choices=line_names(),
+        help=f"release line (default: {line_names()[0]})",
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("serve", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     args = ap.parse_args(argv)

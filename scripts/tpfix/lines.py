@@ -184,6 +184,12 @@ def line_names() -> list[str]:
     return [TAG, *sorted((n for n in found if n != TAG), key=_tag_version)]
 
 
+def newest_line() -> str:
+    """The line of the newest upstream release (what goes upstream, and what a
+    new line starts from), whichever line is the default."""
+    return max(line_names(), key=_tag_version)
+
+
 def get_line(name: str | None = None) -> Line:
     """The release line `name` (a tag such as v0.33.0); None is the default
     (the tag the top-level VERSION names).

@@ -200,8 +200,10 @@ def writable_folder(folder: Path, what: str, fix: str) -> None:
 
 
 def clear_staging(dist: Path) -> None:
-    """Remove what killed builds staged in `dist` (the caller holds its lock)."""
-    for stale in list(dist.glob(STAGING + "*")) + _legacy_staging(dist):
+    """Remove what killed builds staged in `dist` (the caller holds its lock):
+    staging folders, and an old index a publish killed between its two renames
+    left (package.publish: dist/.<folder>.old)."""
+    for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
         shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from tpfix.lines import Line
+from tpfix.patch_format import read_series
 from tpfix.util import Fail, shown
 
 STATES = {
@@ -49,7 +50,7 @@ def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
         entries = tomllib.loads(path.read_text()).get("advisory", [])
     except tomllib.TOMLDecodeError as e:
         raise Fail(f"{shown(path)}: not valid TOML: {e}") from None
-    series = set(line.series.read_text().split())
+    series = set(read_series(line.series))
     out = {}
     for e in entries:
         where = f"{shown(path)}: {e.get('id', '(an entry without id)')}"

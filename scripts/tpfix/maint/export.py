@@ -51,14 +51,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.lines import Line, get_line, line_names, sdist_pin
+from tpfix.lines import Line, get_line, newest_line, sdist_pin
 from tpfix.patch import cached_tree, pristine_tree
 from tpfix.patch_format import Header, diff_files, parse_header, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
 from tpfix.util import ROOT, Fail, cache_dir, main_wrapper
 
 # Upstream exports come from the newest release line.
-DEFAULT_TAG = line_names()[-1]
+DEFAULT_TAG = newest_line()
 # Header fields that only this distribution reads (DEP-3 and our own, see
 # patch_format): they stay in the quilt headers and are left out of the upstream
 # commits.  Vendor bug fields (Bug-<Vendor>:) are left out too.

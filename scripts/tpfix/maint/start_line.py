@@ -44,7 +44,7 @@ import tarfile
 from pathlib import Path
 
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
-from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names
+from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names, newest_line
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
 from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
@@ -183,7 +183,7 @@ def main() -> None:
         "--from",
         dest="source",
         choices=line_names(),
-        default=line_names()[-1],
+        default=newest_line(),
         help="the line whose series moves (default: the newest)",
     )
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
