@@ -32,7 +32,7 @@ from small_dist import check_sums, publish_small, sums
 from test_index import make_wheel
 
 from tpfix import advisories, sbom, triage
-from tpfix.lines import get_line, line_names, read_version
+from tpfix.lines import get_line, line_names
 from tpfix.patch_format import read_series
 from tpfix.util import ROOT, Fail
 
@@ -406,12 +406,16 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
     """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
     code, on an inventory written here), report and VEX beside that SBOM."""
     # the image holds our wheel: the same version in the SBOM and the inventory
-    dist, wheel, sdist, official = publish_small(tmp_path, read_version())
+    dist, wheel, sdist, official = publish_small(tmp_path, get_line().version)
     inventory = {
         "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
         "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
         "python": [
-            {"name": "vllm", "version": read_version(), "location": "/usr/lib"},
+            {
+                "name": "vllm",
+                "version": get_line().version,
+                "location": "/usr/lib",
+            },
             {"name": "jinja2", "version": "3.1.6", "location": "/usr/lib"},
             {"name": "flashinfer_python", "version": "0.6.16.post4", "location": "/usr/lib"},
             {"name": "torch", "version": "2.13.0+cu130", "location": "/usr/lib"},
@@ -420,7 +424,9 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
     comp = sbom.wheel_component(wheel, get_line(), sdist, official)
     (dist / "image").mkdir()
     img = dist / "image" / "x-1.cdx.json"
-    img.write_text(sbom.dumps(sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1", "x-1")))
+    img.write_text(
+        sbom.dumps(sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1"))
+    )
     proc = _advise(dist, "--image", str(img), "--service", "osv", "--osv-url", osv)
     assert proc.returncode == 0, proc.stderr
     # local versions asked for as their public one

@@ -23,7 +23,7 @@ import pytest
 from small_dist import keypair, publish_small, sha, statement, sums
 
 from tpfix import attest
-from tpfix.lines import get_line, read_version
+from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.util import ROOT, Fail, public_url
 
@@ -40,7 +40,7 @@ def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     want.update({f"patches/{line.tag}/{n}": sha(line.patches / n) for n in names})
     assert {d["name"]: d["digest"]["sha256"] for d in bd["resolvedDependencies"]} == want
     assert bd["externalParameters"]["line"] == line.tag
-    assert bd["externalParameters"]["version"] == read_version()
+    assert bd["externalParameters"]["version"] == get_line().version
     assert bd["internalParameters"]["SOURCE_DATE_EPOCH"] == "1700000000"
     (builder,) = stmt["predicate"]["runDetails"]["builder"]["builderDependencies"]
     head = subprocess.run(

@@ -54,7 +54,7 @@ def _run(repo: Path, *args: str, env: dict | None = None, cache: Path | None = N
 
 def _set_sdist_sha(repo: Path, sha: str) -> None:
     pins = repo / "patches" / "v0.27.1" / "pins.toml"
-    pins.write_text(pins.read_text().replace(sdist_pin().sha256, sha))
+    pins.write_text(pins.read_text().replace(sdist_pin(get_line().tag).sha256, sha))
 
 
 @pytest.mark.slow  # downloads the sdist (pip)
@@ -66,7 +66,7 @@ def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     err = proc.stderr
     assert "vllm-0.27.1.tar.gz: sha256 mismatch" in err
     assert f"expected {FAKE_SHA}" in err
-    assert f"got {sdist_pin().sha256}" in err
+    assert f"got {sdist_pin(get_line().tag).sha256}" in err
     assert "Traceback" not in err
     assert not (tmp_path / "tree").exists()
     assert not any(cache.glob("sha256/*/*"))
@@ -77,7 +77,7 @@ def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
 def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_path: Path):
     # An interrupted download from some other tool left a truncated file where
     # the cache entry belongs: it must be refused and fetched again.
-    pin = sdist_pin()
+    pin = sdist_pin(get_line().tag)
     cache = tmp_path / "cache"
     entry = cache / "sha256" / pin.sha256 / pin.filename
     entry.parent.mkdir(parents=True)
@@ -98,7 +98,7 @@ def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
     from tpfix.fetch import check_file
     from tpfix.util import Fail
 
-    pin = sdist_pin()
+    pin = sdist_pin(get_line().tag)
     part = tmp_path / pin.filename
     part.write_bytes(b"\0" * 1000)
     with pytest.raises(Fail) as err:
@@ -200,7 +200,8 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
-    code = "from tpfix import lines, util; util.main_wrapper(lines.read_version)"
+    version_file = "lines.LINES / lines.TAG / 'VERSION'"
+    code = f"from tpfix import lines, util; util.main_wrapper(lambda: lines.read_version({version_file}))"
     proc = _run(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr

@@ -48,7 +48,7 @@ def _sha(path: Path) -> str:
 
 
 def test_wheel_carries_version_from_VERSION_everywhere(built: Path):
-    version = read_version()
+    version = get_line().version
     assert built.name == (f"vllm-{version}-cp38-abi3-{wheel_pin(_arch()).platform}.whl")
     with zipfile.ZipFile(built) as z:
         meta = z.read(f"vllm-{version}.dist-info/METADATA").decode()
@@ -90,7 +90,7 @@ def _walk(built: Path, official: Path, touched: set[str], tree: Path, min_binari
 
 def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
     tree = tree_after(read_series(get_line().series)[-1])
-    version = read_version()
+    version = get_line().version
     meta = _walk(built, official, touched_files(get_line()), tree, 17)
     assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
     assert verify_wheel(built, official, tree, version, get_line()) == []
@@ -111,7 +111,7 @@ def test_verify_rejects_changed_binary_and_unexpected_file(
         z.writestr("vllm/unexpected.py", "x = 1\n")
         z.writestr("vllm/__init__.py", "# changed outside the series\n")
     tree = tree_after(read_series(get_line().series)[-1])
-    problems = verify_wheel(tampered, official, tree, read_version(), get_line())
+    problems = verify_wheel(tampered, official, tree, get_line().version, get_line())
     assert f"{so}: compiled binary differs from the official wheel" in problems
     assert "vllm/unexpected.py: in the built wheel only" in problems
     assert "vllm/__init__.py: file differs from the official wheel" in problems

@@ -116,7 +116,7 @@ def fi_index(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def built(buildah, dist, base, fi_index, tmp_path_factory) -> image.Built:
     tmp = tmp_path_factory.mktemp("image")
-    ref = f"localhost/vllm-tpfix-test:{image_tag(read_version()).split(':')[1]}"
+    ref = f"localhost/vllm-tpfix-test:{image_tag(get_line().version).split(':')[1]}"
     b = image.build_image(
         image.release_in(dist, get_line()),
         base=base,
@@ -169,7 +169,7 @@ def test_dockerfile_lints_clean():
 
 def test_build_ran_the_in_build_checks(built):
     out = built.output
-    version = read_version()
+    version = get_line().version
     assert f"image: ok, vllm {version}" in out
     assert re.search(r"image: \d+ files of vllm-\S+\.whl verified against its RECORD", out)
     assert "image: pip check: no new problems" in out
@@ -178,7 +178,7 @@ def test_build_ran_the_in_build_checks(built):
 
 def test_installed_vllm_is_ours(rootfs):
     site = _site(rootfs)
-    version = read_version()
+    version = get_line().version
     infos = sorted(p.name for p in site.glob("vllm-*.dist-info"))
     assert infos == [f"vllm-{version}.dist-info"]
     meta = (site / infos[0] / "METADATA").read_text()
@@ -266,7 +266,7 @@ def test_labels_and_config(buildah, built, base):
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True, capture_output=True
     ).stdout.strip()
-    assert labels["org.opencontainers.image.version"] == read_version()
+    assert labels["org.opencontainers.image.version"] == get_line().version
     assert labels["org.opencontainers.image.revision"].startswith(head)
     assert labels["org.opencontainers.image.base.name"] == base
     assert labels["tpfix.upstream.tag"] == TAG
@@ -289,7 +289,7 @@ def test_one_small_layer_holding_only_the_difference(buildah, built, base):
         assert manifest[0]["RepoTags"] == [built.ref], manifest
         with tarfile.open(fileobj=arc.extractfile(manifest[0]["Layers"][-1])) as layer:
             names = [m.name for m in layer.getmembers() if not m.isdir()]
-    version = read_version()
+    version = get_line().version
     patched = {f for f in touched_files(get_line()) if f.startswith("vllm/")} | {"vllm/_version.py"}
     allowed = re.compile(
         r"^usr/local/lib/python3[^/]*/dist-packages/("
@@ -375,7 +375,11 @@ def _ctx_copy(built_ctx: Path, dest: Path) -> Path:
 
 def _fail_build(buildah, base, ctx: Path, fi_index: str = "") -> str:
     eng = image.Engine("buildah", buildah)
-    args = {"BASE_IMAGE": base, "VERSION": read_version(), "FLASHINFER_INDEX_URL": fi_index}
+    args = {
+        "BASE_IMAGE": base,
+        "VERSION": get_line().version,
+        "FLASHINFER_INDEX_URL": fi_index,
+    }
     cmd = image.build_cmd(eng, image.DOCKERFILE, ctx, "localhost/vllm-tpfix-test:fail", args)
     with pytest.raises(Fail) as e:
         image.run_build(eng, cmd)
@@ -459,7 +463,7 @@ def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
     or a malformed line is a clear error.  No build: an inline SHA256SUMS."""
     from tpfix import image_inside
 
-    version = read_version()
+    version = get_line().version
     name = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     data = b"not really a wheel"
     dist = _sums_dist(tmp_path / "ctx" / "dist", name, data)
@@ -617,7 +621,7 @@ def test_image_inventory(buildah, built, base):
     assert inv["image"]["layers"] and all(sha.match(x) for x in inv["image"]["layers"])
     assert inv["image"]["config_digest"] == _digests(buildah, built.ref)["config digest"]
     dists = {p["name"]: p for p in inv["python"]}
-    assert dists["vllm"]["version"] == read_version()
+    assert dists["vllm"]["version"] == get_line().version
     assert re.match(r"^/usr/local/lib/python3\.\d+/dist-packages$", dists["vllm"]["location"])
     new, old = standin_image.FI_NEW, standin_image.FI_OLD
     fi = {n: p["version"] for n, p in dists.items() if n.startswith("flashinfer")}
@@ -675,7 +679,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     assert libs == sorted((d["name"], d["version"]) for d in inv["python"])
     (ours,) = [c for c in comps.values() if c["name"] == "vllm"]
     wheel, digest = image.find_wheel(dist)
-    assert ours["version"] == read_version() and ours["hashes"][0]["content"] == digest
+    assert ours["version"] == get_line().version and ours["hashes"][0]["content"] == digest
     assert len(ours["pedigree"]["patches"]) == len(read_series(get_line().series))
     from test_sbom import minimum_elements  # NTIA's and CISA's minimum, on the real image's
 

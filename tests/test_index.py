@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.index import write_index
-from tpfix.lines import read_version
+from tpfix.lines import get_line
 from tpfix.util import Fail
 from tpfix.wheelfile import wheel_metadata
 
@@ -305,7 +305,7 @@ def test_pip_resolves_the_built_wheel_from_its_index(built_wheel: Path, tmp_path
     again = _tree(dist / "simple")
     write_index(dist, [wheel])
     assert _tree(dist / "simple") == again
-    version = read_version()
+    version = get_line().version
     assert wheel.name.startswith(f"vllm-{version}-")
     check_pip_used_the_index(dist, wheel, version, tmp_path)
 

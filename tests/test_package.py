@@ -140,8 +140,8 @@ def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
     _check_sbom(
         dist / f"{built_wheel.name}.cdx.json",
         built_wheel,
-        sdist_pin().sha256,
-        wheel_pin(arch).sha256,
+        sdist_pin(get_line().tag).sha256,
+        wheel_pin(arch, get_line().tag).sha256,
     )
     stmt = statement(dist / f"{built_wheel.name}.provenance.json")
     assert stmt["subject"][0]["digest"]["sha256"] == sha(built_wheel)

@@ -264,17 +264,21 @@ def minimum_elements(doc: dict, shipped: set[str]) -> list[str]:
 def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
     """The image's SBOM (sbom.image_bom, the real code) on an inventory written
     here, around the package stage's wheel component; and that component's ref."""
-    dist, wheel, sdist, official = publish_small(tmp_path, read_version())
+    dist, wheel, sdist, official = publish_small(tmp_path, get_line().version)
     inventory = {
         "base": {"name": "vllm/vllm-openai:v0.27.1", "digest": "sha256:" + "1" * 64},
         "image": {"ref": "localhost/x:1", "config_digest": "sha256:" + "2" * 64, "layers": []},
         "python": [
-            {"name": "vllm", "version": read_version(), "location": "/usr/lib"},
+            {
+                "name": "vllm",
+                "version": get_line().version,
+                "location": "/usr/lib",
+            },
             {"name": "Jinja2", "version": "3.1.6", "location": "/usr/lib"},
         ],
     }
     comp = sbom.wheel_component(wheel, get_line(), sdist, official)
-    bom = sbom.image_bom(inventory, comp, 1, read_version(), "v0.27.1", "x-1")
+    bom = sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1")
     return json.loads(sbom.dumps(bom)), comp.bom_ref.value
 
 
@@ -291,7 +295,7 @@ def test_image_sbom_has_the_minimum_elements(tmp_path: Path):
         names
     )
     (tool,) = [t for t in doc["metadata"]["tools"]["components"] if t["name"] == "vllm-tpfix-tools"]
-    assert tool["version"] == read_version()
+    assert tool["version"] == get_line().version
 
 
 @pytest.mark.slow  # two package stages (about a second each): not while editing a patch

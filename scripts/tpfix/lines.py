@@ -118,6 +118,11 @@ class Line:
         return self.patches / "CHANGELOG.md"
 
     @property
+    def version(self) -> str:
+        """The line's distribution version: its VERSION, validated."""
+        return read_version(self.version_file)
+
+    @property
     def tag(self) -> str:
         return tag_of(self.version_file)
 
@@ -222,28 +227,27 @@ def get_line(name: str | None = None) -> Line:
     return line
 
 
-def tag_pins(tag: str = TAG) -> Path:
+def tag_pins(tag: str) -> Path:
     """The pin file of `tag`: its line's, or pins/<tag>.toml for a tag with no line."""
     if (LINES / tag / "pins.toml").exists():
         return LINES / tag / "pins.toml"
     return PINS / f"{tag}.toml"
 
 
-def sdist_pin(tag: str = TAG) -> Artifact:
+def sdist_pin(tag: str) -> Artifact:
     return next(a for a in load_pins(tag_pins(tag)) if a.role == "sdist")
 
 
-def wheel_pin(arch: str, tag: str = TAG) -> Artifact:
+def wheel_pin(arch: str, tag: str) -> Artifact:
     for a in load_pins(tag_pins(tag)):
         if a.role == "wheel" and a.arch == arch:
             return a
     raise Fail(f"{tag_pins(tag)}: no official wheel pinned for arch {arch!r}")
 
 
-def read_version(path: Path | None = None) -> str:
+def read_version(path: Path) -> str:
     """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from a line's
-    VERSION only (default: the default line's)."""
-    path = LINES / TAG / "VERSION" if path is None else path
+    VERSION file."""
     text = path.read_text().strip() if path.exists() else ""
     try:
         v = Version(text)

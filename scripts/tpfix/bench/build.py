@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpfix.lines import wheel_pin
+from tpfix.lines import get_line, wheel_pin
 from tpfix.util import host_arch
 
 
@@ -66,7 +66,7 @@ def main() -> None:
         t, up = Path(tmp), Path(up_tmp)
         cache, work, dist = t / "cache", t / "work", t / "dist"
         env = dict(os.environ, VLLM_DIST_CACHE=str(cache), PIP_NO_CACHE_DIR="1")
-        pin = wheel_pin(arch)
+        pin = wheel_pin(arch, get_line().tag)
         up_s, _ = _timed(
             [
                 sys.executable,
