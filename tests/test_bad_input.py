@@ -200,8 +200,8 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
-    version_file = "lines.LINES / lines.TAG / 'VERSION'"
-    code = f"from tpfix import lines, util; util.main_wrapper(lambda: lines.read_version({version_file}))"
+    read = "lines.read_version(lines.LINES / lines.TAG / 'VERSION')"
+    code = f"from tpfix import lines, util; util.main_wrapper(lambda: {read})"
     proc = _run(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr
