@@ -41,8 +41,15 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tpfix.lines import Line, get_line, image_tag, line_names, load_pins, read_pin_file
-from tpfix.lines import read_version as _read_version
+from tpfix.lines import (
+    Line,
+    get_line,
+    image_tag,
+    line_names,
+    load_pins,
+    read_pin_file,
+    read_version,
+)
 from tpfix.util import ROOT, Fail, main_wrapper, shown
 from tpfix.wheelfile import requirements, wheel_message
 
@@ -139,7 +146,7 @@ def _braced(names: list[str]) -> str:
 
 def row(line: Line) -> list[str]:
     data = pin_facts(line)
-    version = _read_version(line.version_file)
+    version = read_version(line.version_file)
     upstream = version.split("+")[0]
     official = data["flashinfer"]
     repinned = data.get("flashinfer-repinned")

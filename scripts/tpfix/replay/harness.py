@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Trees of the series and a runner that executes real vLLM code inside them.
 
-`tree_before(p)` / `tree_after(p)` are pristine v0.27.1 plus the series up to
+`tree_before(p)` / `tree_after(p)` are the default line's pristine tag plus its series up to
 but excluding / including patch `p` (cached by content under
 <cache>/trees).  `run_scenario(tree, "module:function", **kw)` runs
 tpfix/replay/<module>.py's function (a dotted module, e.g.

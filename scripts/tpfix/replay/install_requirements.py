@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Install vLLM v0.27.1's common runtime requirements into this venv.
+"""Install the default line's vLLM common runtime requirements into this venv.
 
 The scenario tests import the real vLLM from source trees (no compiled
 parts), which needs requirements/common.txt of the pinned sdist.  Skipped when
