@@ -49,7 +49,9 @@ def _sha(path: Path) -> str:
 
 def test_wheel_carries_version_from_VERSION_everywhere(built: Path):
     version = get_line().version
-    assert built.name == (f"vllm-{version}-cp38-abi3-{wheel_pin(_arch()).platform}.whl")
+    assert built.name == (
+        f"vllm-{version}-cp38-abi3-{wheel_pin(_arch(), get_line().tag).platform}.whl"
+    )
     with zipfile.ZipFile(built) as z:
         meta = z.read(f"vllm-{version}.dist-info/METADATA").decode()
         assert f"\nVersion: {version}\n" in meta
