@@ -28,6 +28,7 @@ from tpfix.patch_format import read_series
 from tpfix.util import ROOT, Fail, public_url
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     dist, wheel, sdist, official = publish_small(tmp_path)
     stmt = statement(dist / f"{wheel.name}.provenance.json")
@@ -50,6 +51,7 @@ def test_provenance_is_a_slsa_v1_statement_about_the_wheel(tmp_path: Path):
     assert "startedOn" not in json.dumps(stmt)  # reproducible: no clock in it
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
     priv, pub = keypair(tmp_path)
     dist, wheel, _, _ = publish_small(tmp_path, key=priv)

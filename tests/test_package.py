@@ -25,6 +25,7 @@ from tpfix.lines import get_line, sdist_pin, wheel_pin
 from tpfix.util import Fail
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_path: Path):
     dist, wheel, sdist, official = publish_small(tmp_path)
     files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
@@ -38,6 +39,7 @@ def test_dist_holds_the_wheel_sbom_provenance_and_index_all_in_sha256sums(tmp_pa
     assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_package_stage_is_byte_reproducible(tmp_path: Path):
     a, wa, _, _ = publish_small(tmp_path / "a")
     b, wb, _, _ = publish_small(tmp_path / "b")
@@ -52,6 +54,7 @@ def test_a_missing_tool_is_named_before_any_download(monkeypatch):
         pipeline.check_tools()
 
 
+@pytest.mark.slow  # a package stage (about a second): not while editing a patch
 def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     dist, old, _, _ = publish_small(tmp_path / "one", "0.27.1+tpfix.2")
     (dist / f"{old.name}.vex.cdx.json").write_text("{}")  # an advisory report of the old one
@@ -70,6 +73,7 @@ def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     check_sums(dist)
 
 
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
     tmp_path: Path, monkeypatch
 ):
@@ -124,6 +128,7 @@ def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
     assert not [p for p in dist.glob("vllm-0.27.1+tpfix.2*")]
 
 
+@pytest.mark.slow
 def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
     dist = built_wheel.parent
     arch = built_wheel.name.rsplit("_", 2)[-2] if "aarch64" in built_wheel.name else "x86_64"
