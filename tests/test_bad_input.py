@@ -182,7 +182,8 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     assert proc.returncode == 2
     assert (
         "patches/v0.27.1/VERSION: 0.27.1+tpfix.9, but patches/v0.27.1/CHANGELOG.md's newest "
-        "entry is 0.27.1+tpfix.5; run: python -m tpfix.maint.revision bump v0.27.1"
+        f"entry is {get_line('v0.27.1').version}; run: python -m tpfix.maint.revision "
+        "bump v0.27.1"
     ) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not dist.exists() or not any(dist.iterdir())

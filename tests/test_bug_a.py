@@ -2,10 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug A (seed 000, issue 3): the FlashInfer all-reduce fusion workspace that
 the target and the drafter share, sized by its first creator, living with a
-fusion pass and created per rank; patches 0002 (size it for every model,
-before the first forward), 0003 (it lives with the TP group), 0004 (created
-once, all ranks agreeing) and, for the standalone FlashInfer all-reduce,
-0005 (it asks the workspace whether an input fits).
+fusion pass and created per rank; patches 0003 (created at model load for
+every model), 0004 (it lives with the TP group), 0005 (created once, all
+ranks agreeing), 0006 (each model keeps its fused range, within the budget)
+and, for the standalone FlashInfer all-reduce, 0002 (vllm#50932: it asks the
+workspace whether an input fits).
 
 Every scenario runs the REAL vLLM code of the tree under test (configs, the
 worker's distributed init and ``Worker.load_model``, AllReduceFusionPass, the
@@ -28,7 +29,7 @@ tree_before(patch) (red) and tree_after(patch) (green); the verdicts of the
 patch headers' ``Scenario:`` fields (replay.harness) are applied to the same
 results.
 
-Tiers: the seed's cold and warm start and the ``Scenario:`` of 0003 and 0004
+Tiers: the seed's cold and warm start and each patch header's ``Scenario:``
 (each red before and green after its patch) are the fast tier; the suite of
 named cases on every tree of the series and the property test run the same
 code over many more configurations and are marked slow.
@@ -40,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from replays import suites
 
 from tpfix.lines import get_line
 from tpfix.patch_format import read_series
@@ -55,13 +57,21 @@ def _patch(number: str) -> str:
     return name
 
 
-P2, P3, P4, P5 = (_patch(n) for n in ("0002", "0003", "0004", "0005"))
+STANDALONE, SIZING, LIFETIME, AGREEMENT, RANGES = (
+    _patch(n) for n in ("0002", "0003", "0004", "0005", "0006")
+)
 WHEN = {"before": tree_before, "after": tree_after}
 SEED_MESSAGE = bug_a.SEED_MESSAGE
 MiB = 2**20
 
 # The case of bug_a.suite() that each bug-A patch header's Scenario: names.
-HEADER_CASES = {P2: "warm_seed", P3: "drafter_collected", P4: "fail_peer"}
+HEADER_CASES = {
+    STANDALONE: "standalone_small_budget",
+    SIZING: "warm_seed",
+    LIFETIME: "drafter_collected",
+    AGREEMENT: "fail_peer",
+    RANGES: "fused_ranges_eagle_wider",
+}
 
 
 def _suites(jobs: dict[Path, list[str] | None]) -> dict[Path, dict]:
@@ -80,10 +90,11 @@ def _suites(jobs: dict[Path, list[str] | None]) -> dict[Path, dict]:
 
 @pytest.fixture(scope="module")
 def fast():
-    """The seed's cold and warm start around 0002 and each header's case
-    around its patch; case(patch, when, name) -> result."""
+    """The seed's cold and warm start around the sizing patch and each
+    header's case around its patch; case(patch, when, name) -> result."""
     wanted: dict[Path, list[str]] = {}
-    for patch, names in [(P2, ["cold_seed"])] + [(p, [c]) for p, c in HEADER_CASES.items()]:
+    cases = [(SIZING, ["cold_seed"])] + [(p, [c]) for p, c in HEADER_CASES.items()]
+    for patch, names in cases:
         for when in WHEN.values():
             wanted.setdefault(when(patch), []).extend(names)
     results = _suites(wanted)
@@ -92,9 +103,9 @@ def fast():
 
 @pytest.fixture(scope="module")
 def suite():
-    """Every named case on every tree from 0001 to 0005."""
-    trees = {WHEN[w](p) for p in (P2, P3, P4, P5) for w in WHEN}
-    results = _suites(dict.fromkeys(trees))
+    """Every named case on every tree of the series (every prefix), shared
+    with test_bisect.py (tests/replays.py)."""
+    results = suites(sorted({WHEN[w](p) for p in SERIES for w in WHEN}))
     return lambda patch, when, name: results[WHEN[when](patch)][name]
 
 
@@ -122,11 +133,11 @@ def _seed_error(res: dict) -> None:
 
 # -- the seed and the headers' scenarios: red before, green after (fast) ----------
 def test_cold_start_seed_message_before(fast):
-    _seed_error(fast(P2, "before", "cold_seed"))
+    _seed_error(fast(SIZING, "before", "cold_seed"))
 
 
 def test_cold_start_after(fast):
-    res = fast(P2, "after", "cold_seed")
+    res = fast(SIZING, "after", "cold_seed")
     _fused_everywhere_ok(res)
     assert _shape(res) == (8192, 2560)
     # 80 MiB buffer + 240 MiB Lamport + flags (BRIEF: 64->80, 192->240 MiB)
@@ -140,12 +151,12 @@ def test_cold_start_after(fast):
 
 def test_warm_start_seed_message_before(fast):
     # the warm start (AOT cache, lazy creation) dies with the seed's message too
-    _seed_error(fast(P2, "before", "warm_seed"))
+    _seed_error(fast(SIZING, "before", "warm_seed"))
 
 
 def test_warm_start_after(fast):
     # no fusion pass is built: the worker created the workspace for both models
-    res = fast(P2, "after", "warm_seed")
+    res = fast(SIZING, "after", "warm_seed")
     _fused_everywhere_ok(res)
     assert _shape(res) == (8192, 2560)
     assert len(res["created"]) == 1
@@ -165,7 +176,7 @@ def test_header_scenario_red_before_green_after(fast, patch):
 
 
 def test_drafter_pass_collected_before_and_after(fast):
-    before, after = (fast(P3, w, "drafter_collected") for w in WHEN)
+    before, after = (fast(LIFETIME, w, "drafter_collected") for w in WHEN)
     # before: the pass's __del__ freed it, the target's next call made another
     assert before["destroyed"] == 1 and len(before["created"]) == 2, before
     assert after["destroyed"] == 0 and after["alive_after_gc"], after
@@ -173,7 +184,7 @@ def test_drafter_pass_collected_before_and_after(fast):
 
 
 def test_peer_failure_before_and_after(fast):
-    before, after = (fast(P4, w, "fail_peer") for w in WHEN)
+    before, after = (fast(AGREEMENT, w, "fail_peer") for w in WHEN)
     for start in ("cold", "warm"):
         # before: this rank fuses, the peer has no workspace
         b = before[start]
@@ -185,7 +196,8 @@ def test_peer_failure_before_and_after(fast):
 # -- the suite of named cases, each around the patch that fixes it (slow) -----------
 # patch -> cases red (False) before it and green (True) with it, by verdict
 FIXED_BY = {
-    P2: [
+    STANDALONE: ["standalone_tp4", "standalone_small_budget"],
+    SIZING: [
         "cold_seed",
         "warm_seed",
         "cold_quant_fp8",
@@ -195,16 +207,18 @@ FIXED_BY = {
         "capture_order_seed_000",
         "capture_order_seed_000_no_warmup",
         "capture_order_seed_001_no_warmup",
+        "two_engines",
+        "two_engines_no_teardown",
     ],
-    P3: ["drafter_collected", "two_engines", "two_engines_no_teardown"],
-    P4: [
+    LIFETIME: ["drafter_collected"],
+    AGREEMENT: [
         "fail_local",
         "fail_peer",
         "fail_local_mnnvl",
         "fail_peer_mnnvl",
         "two_engines_first_failed",
     ],
-    P5: ["standalone_tp4"],
+    RANGES: ["fused_ranges_eagle_wider"],
 }
 
 
@@ -239,12 +253,11 @@ def verdict(name: str, res: dict) -> bool | None:
             return False
         return res["call"] == {"fused": True, "max_abs_err": 0.0}
     if fn is bug_a.standalone:
-        if _fails(res, "exceeds workspace max_token_num", "insufficient"):
-            return False
-        if "error" in res:
-            return None
-        calls = len(res["kernel_calls"])
-        return res["created_at_load"] == 1 and calls == sum(map(len, res["accepted"].values()))
+        if bug_a.check_standalone(res) is not True:
+            return bug_a.check_standalone(res)
+        return len(res["kernel_calls"]) == sum(map(len, res["accepted"].values()))
+    if fn is bug_a.fused_ranges:
+        return bug_a.check_fused_ranges(res)
     if name == "two_engines_first_failed":
         if "error" not in res and res["first_attempts"] > 1:
             return False  # engine 1 retried a collective creation
@@ -282,12 +295,13 @@ def test_every_case_has_a_patch_or_is_unaffected():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["fail_local", "fail_local_mnnvl"])
-def test_local_failure_retried_before_0004(suite, case):
-    """Before 0004 a failed creation is retried by the next caller (the
-    drafter's pass, the next op call), a collective the peer that succeeded
-    does not enter; after it: one attempt, every rank without a workspace,
-    fusion off at a cold start, every warm call fails clearly."""
-    before, after = suite(P4, "before", case), suite(P4, "after", case)
+def test_local_failure_retried_before_the_agreement(suite, case):
+    """Before the agreement patch (v0.27.1 has no failure latch) a failed
+    creation is retried by the next caller (the fusion pass after the
+    worker, the drafter's pass, the next op call); after it: one attempt,
+    every rank without a workspace, fusion off at a cold start, every warm
+    call fails clearly."""
+    before, after = suite(AGREEMENT, "before", case), suite(AGREEMENT, "after", case)
     assert before["cold"]["attempts"] == before["warm"]["attempts"] == 2, before
     for start in ("cold", "warm"):
         assert after[start]["attempts"] == 1, after
@@ -302,7 +316,7 @@ def test_local_failure_retried_before_0004(suite, case):
 def test_no_creation_during_cuda_graph_capture(suite):
     """Warm start whose first fused call is inside a CUDA graph capture: the
     workspace must exist already (created when the worker loaded the models)."""
-    before, after = (suite(P2, w, "capture_first_use") for w in WHEN)
+    before, after = (suite(SIZING, w, "capture_first_use") for w in WHEN)
     assert before["attempts_in_capture"] == 1, before  # refused inside the capture
     assert before["call"]["error"] == "AssertionError", before
     assert after["attempts_in_capture"] == after["collectives_in_capture"] == 0, after
@@ -317,11 +331,11 @@ def test_capture_order_seed_000(suite):
     without warm-ups.  After: 51 capture sizes, each warmed up once, all
     fused on the worker's 8192 x 2560 workspace."""
     for case in ("capture_order_seed_000", "capture_order_seed_000_no_warmup"):
-        before, after = (suite(P2, w, case) for w in WHEN)
+        before, after = (suite(SIZING, w, case) for w in WHEN)
         _seed_error(before)
         assert before["at"] == "profile:draft:8192", before
         assert after["attempts_in_capture"] == 0 and _shape(after) == (8192, 2560)
-    after = suite(P2, "after", "capture_order_seed_000")
+    after = suite(SIZING, "after", "capture_order_seed_000")
     assert after["cudagraph_mode"] == "FULL_AND_PIECEWISE", after
     assert after["num_warmups"] == after["config_num_warmups"] == 1
     assert after["capture_sizes"] == {"count": 51, "largest": 512}
@@ -340,11 +354,11 @@ def test_capture_order_seed_001(suite):
     inside a capture, where creation is refused: pristine fails ("must be
     initialized"), 0002 created the workspace at load."""
     for when in WHEN:
-        res = suite(P2, when, "capture_order_seed_001")
+        res = suite(SIZING, when, "capture_order_seed_001")
         assert bug_a.check_warm_start_capture_order(res) is True, res
         assert res["config_num_warmups"] == 1 and res["first_fused"] == "warmup:target:40"
         assert res["fused_ranges"] == {"target": [[1, 42]]}
-    before, after = (suite(P2, w, "capture_order_seed_001_no_warmup") for w in WHEN)
+    before, after = (suite(SIZING, w, "capture_order_seed_001_no_warmup") for w in WHEN)
     assert before["error"] == "AssertionError" and before["at"] == "capture:target:40", before
     assert "workspace must be initialized" in before["message"]
     assert after["first_fused"] == "capture:target:40" and after["attempts_in_capture"] == 0
@@ -355,40 +369,49 @@ def test_standalone_asks_the_workspace(suite):
     """FlashInferAllReduce (SM90 TP4, 2 MiB), constructed before the models
     are loaded, bounds tokens by its budget at its first input's width (512
     of 2048).  Pristine: it creates the workspace for that input (512 x 2048)
-    and the drafter's 410 x 2560 fails.  From 0002 the worker creates the
-    planned workspace at load (512 x 2048 elements in rows of 2560: 410 x
-    2560), which the drafter's 411..512 tokens still overflow; with 0005 the
-    standalone all-reduce asks the workspace and leaves those to the other
-    all-reduce backends."""
-    pristine = suite(P2, "before", "standalone_tp4")
-    assert "token_num (410) * hidden_dim (2560) exceeds" in pristine["message"], pristine
-    before, after = (suite(P5, w, "standalone_tp4") for w in WHEN)
-    assert "token_num (511) * hidden_dim (2560) exceeds" in before["message"], before
-    assert _shape(after) == (410, 2560) and after["created_at_load"] == 1
-    assert max(after["accepted"]["target"]) == 512
-    assert max(after["accepted"]["draft"]) == 410
+    and the drafter's 410 x 2560 fails.  With 0002 (vllm#50932) it asks the
+    workspace; from the sizing patch on the worker creates it at load for
+    both models (512 x 2048 elements in rows of 2560: 410 x 2560), which
+    holds the drafter's 410 tokens too."""
+    before, after = (suite(STANDALONE, w, "standalone_tp4") for w in WHEN)
+    assert "token_num (410) * hidden_dim (2560) exceeds" in before["message"], before
+    assert "error" not in after and max(after["accepted"]["draft"]) == 409, after
+    last = suite(SERIES[-1], "after", "standalone_tp4")
+    assert _shape(last) == (410, 2560) and last["created_at_load"] == 1
+    assert max(last["accepted"]["target"]) == 512
+    assert max(last["accepted"]["draft"]) == 410
+    # a fusion budget below the standalone all-reduce's (1 of 64 MiB), cold:
+    # the pass's 256 x 2048 workspace; pristine accepts 257 tokens and fails
+    before, after = (suite(STANDALONE, w, "standalone_small_budget") for w in WHEN)
+    assert "token_num (257) * hidden_dim (2048) exceeds" in before["message"], before
+    assert max(after["accepted"]["target"]) == 256, after
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["two_engines", "two_engines_no_teardown"])
 def test_second_wider_engine(suite, case):
-    """Before 0003 the second, wider engine finds the first engine's
-    8192 x 2048 workspace; with 0003 the TP group's teardown releases it, or
-    without teardown the worker replaces it (it cannot hold the new plan)."""
-    before, after = (suite(P3, w, case) for w in WHEN)
+    """Before the sizing patch the second, wider engine finds the first
+    engine's 8192 x 2048 workspace (pristine's teardown leaves it); from it,
+    the worker retires that workspace (its graphs may still run) and creates
+    one for the new engine; with the lifetime patch the TP group's teardown
+    releases it first."""
+    before, after = (suite(SIZING, w, case) for w in WHEN)
     assert "token_num (6553) * hidden_dim (5120) exceeds" in before["message"], before
-    assert after["destroyed_at_teardown"] == (1 if case == "two_engines" else 0), after
-    assert after["created"] == [
+    assert after["destroyed_at_teardown"] == 0 and _second_engine_ok(after), after
+    last = suite(SERIES[-1], "after", case)
+    assert last["destroyed_at_teardown"] == (1 if case == "two_engines" else 0), last
+    assert last["created"] == [
         {"backend": "trtllm", "max_token_num": 6553, "hidden_dim": 5120, "bytes": 536823808}
     ]
 
 
 @pytest.mark.slow
 def test_first_engine_failed_creation(suite):
-    """Engine 1's creation fails on this rank: before 0004 its pass tries
-    again (a second collective creation); with 0004 engine 1 runs unfused
-    after one attempt, and the teardown resets the latch for engine 2."""
-    before, after = (suite(P4, w, "two_engines_first_failed") for w in WHEN)
+    """Engine 1's creation fails on this rank: before the agreement patch the
+    pass tries again after the worker (a second collective creation); with
+    it engine 1 runs unfused after one attempt, and the teardown resets the
+    latch for engine 2."""
+    before, after = (suite(AGREEMENT, w, "two_engines_first_failed") for w in WHEN)
     assert (before["first_attempts"], before["first_fused"]) == (2, True), before
     assert (after["first_attempts"], after["first_fused"]) == (1, False), after
     assert after["destroyed_at_teardown"] == 0 and _second_engine_ok(after)
@@ -406,15 +429,18 @@ UNAFFECTED = {
     "cold_seed_001": (("target",), None),  # MNNVL
     "two_engines_no_teardown_narrower": (("target",), (8192, 2048)),
     "cold_tp4_budget": (("target", "draft"), None),  # see below
+    "fused_ranges_tp4": (("target", "draft"), None),  # a draft model: own ranges
 }
 # start orders that work on every tree (vLLM's warm-up before capture)
 NOT_A_BUG = ["capture_order_seed_001"]
-TREES = [("0001", P2, "before")] + [(p[:4], p, "after") for p in (P2, P3, P4, P5)]
+TREES = [(p[:4], p, "after") for p in SERIES]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("label", "patch", "when"), TREES, ids=[t[0] for t in TREES])
-@pytest.mark.parametrize("case", [c for c in UNAFFECTED if c != "cold_tp4_budget"])
+@pytest.mark.parametrize(
+    "case", [c for c in UNAFFECTED if UNAFFECTED[c][1] or c == "cold_seed_001"]
+)
 def test_unaffected_configs(suite, label, patch, when, case):
     res = suite(patch, when, case)
     models, shape = UNAFFECTED[case]
@@ -424,28 +450,32 @@ def test_unaffected_configs(suite, label, patch, when, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in UNAFFECTED if c != "cold_tp4_budget"])
+@pytest.mark.parametrize(
+    "case", [c for c in UNAFFECTED if UNAFFECTED[c][1] or c == "cold_seed_001"]
+)
 def test_no_extra_memory_with_one_width_or_a_narrower_draft(suite, case):
-    first = suite(P2, "before", case)["workspaces"]["_fi_ar_workspace"]["bytes"]
-    for patch in (P2, P3, P4, P5):
+    first = suite(SERIES[0], "after", case)["workspaces"]["_fi_ar_workspace"]["bytes"]
+    for patch in SERIES[1:]:
         assert suite(patch, "after", case)["workspaces"]["_fi_ar_workspace"]["bytes"] == first
 
 
 @pytest.mark.slow
 def test_budget_limited_plan_holds_the_largest_problem(suite):
     """SM90 TP4 (2 MiB budget): target (2048) fuses up to 512 tokens and the
-    drafter (2560) up to 409, exactly as before 0002, from one workspace that
-    holds the larger of the two problems (512 x 2048 elements) in rows of the
-    widest model: 410 x 2560, 32 KiB more than pristine's 512 x 2048, which
-    the drafter's 409 x 2560 fits by 1536 elements."""
-    before = suite(P2, "before", "cold_tp4_budget")
+    drafter (2560) up to 409, exactly as on pristine (+0001), from one
+    workspace that holds the larger of the two problems (512 x 2048
+    elements) in rows of the widest model: 410 x 2560, 32 KiB more than
+    pristine's 512 x 2048, which the drafter's 409 x 2560 fits by 1536
+    elements."""
+    before = suite(SERIES[0], "after", "cold_tp4_budget")
     assert _shape(before) == (512, 2048)
-    for patch in (P2, P3, P4, P5):
+    for patch in SERIES[SERIES.index(SIZING) :]:
         after = suite(patch, "after", "cold_tp4_budget")
         _fused_everywhere_ok(after)
         for model, limit in (("target", 512), ("draft", 409)):
-            assert after["plans"][model]["fused_ranges"] == [[1, limit]], after["plans"][model]
-            assert after["plans"][model]["fused_ranges"] == before["plans"][model]["fused_ranges"]
+            fused = after["plans"][model]["fused_ranges"]
+            assert fused == before["plans"][model]["fused_ranges"], (patch, model, fused)
+            assert fused[-1][1] == limit, (patch, model, fused)
         assert _shape(after) == (410, 2560)
         bytes_ = after["workspaces"]["_fi_ar_workspace"]["bytes"]
         assert bytes_ - before["workspaces"]["_fi_ar_workspace"]["bytes"] == 32 * 1024
@@ -455,15 +485,16 @@ def test_budget_limited_plan_holds_the_largest_problem(suite):
 def test_every_model_keeps_its_fused_range(suite):
     """Wherever a case compiles its models on pristine v0.27.1 (+0001), every
     tree of the series that runs the case fuses the same compile ranges for
-    each model (a tree before the case's fix may fail it); the whole series
-    runs every case."""
+    each model (a tree before the case's fix may fail it), except what the
+    fused-range patch bounds by the budget; the whole series runs every
+    case."""
     for case in bug_a.suite_cases():
-        ranges = _fused_ranges(suite(P2, "before", case))
-        if not ranges:
+        ranges = _fused_ranges(suite(SERIES[0], "after", case))
+        if not ranges or case in FIXED_BY[RANGES]:
             continue
-        for patch in (P2, P3, P4, P5):
+        for patch in SERIES[1:]:
             res = suite(patch, "after", case)
-            if "error" in res and patch != P5:
+            if "error" in res and patch != SERIES[-1]:
                 fixed_by = next(p for p, cases in FIXED_BY.items() if case in cases)
                 assert SERIES.index(patch) < SERIES.index(fixed_by), (case, patch, res)
                 continue
@@ -483,7 +514,7 @@ def _fused_ranges(res: dict) -> dict | None:
 # -- property over the configuration space --------------------------------------
 @pytest.fixture(scope="module")
 def prop():
-    trees = {"before": tree_before(P2), "after": tree_after(SERIES[-1])}
+    trees = {"before": tree_after(SERIES[0]), "after": tree_after(SERIES[-1])}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             k: pool.submit(run_scenario, t, "bug_a:property_fits", max_examples=60)

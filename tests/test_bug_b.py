@@ -2,36 +2,38 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B (seed 001, issue 4): the one-shot all-reduce threshold in two units,
 and a request that does not fit a workspace shared by models of different
-widths (patch 0005).
+widths.
 
 The scenarios (scripts/tpfix/replay/bug_b.py) run the tree's real vLLM code (the
-compiled op ``call_trtllm_fused_allreduce_norm``, the workspace plan of
-``prepare_fi_ar_workspace`` and the creation of ``flashinfer_all_reduce``) on
-FlashInfer's real Python layer; only GPU memory (with the MNNVL allocation
-granularity as a parameter), kernel launches and the TP group are simulated
-(see the scenario module's docstring and replay/device.py's for the
-exact list).
+compiled op ``call_trtllm_fused_allreduce_norm``, the workspace creation at
+load ``init_fi_ar_fusion_workspace`` where the tree has it, and the creation
+of ``flashinfer_all_reduce``) on FlashInfer's real Python layer; only GPU
+memory (with the MNNVL allocation granularity as a parameter), kernel
+launches and the TP group are simulated (see the scenario module's docstring
+and replay/device.py's for the exact list).
 
-"Before" is the series without patch 0005 (v0.27.1 + FlashInfer
-0.6.16.post4 + bug A's 0002-0004: the workspace planned for the narrowest
-model's token limit in rows of the widest model), "after" includes it.
+The trees: "pristine" is v0.27.1 + 0001 (FlashInfer 0.6.16.post4, which
+imports on this Python), "series" the whole series.
 
 The seed's crash is vLLM's own one-shot table (per-rank bytes) applied on
 MNNVL, where FlashInfer sizes the buffer for its own threshold (all-reduce
 bytes).  v0.27.1 no longer does that as shipped (vllm#47589: it passes
-``use_oneshot=None`` on MNNVL and FlashInfer's AUTO decides), and patch 0005
-leaves the table alone: the scenario still forces the table on MNNVL (as
+``use_oneshot=None`` on MNNVL and FlashInfer's AUTO decides), and no patch
+of the series changes it: the scenario still forces the table on MNNVL (as
 vLLM did before vllm#47589) to replay the seed's numbers, on both trees.
-What remains as shipped, and what 0005 fixes, is a tensor narrower than the
-workspace's width (a draft narrower than the target): FlashInfer reserves
-one-shot room in whole rows of the workspace's width, so its AUTO choice can
-exceed the buffer.  Whether it does depends on the device's allocation
-granularity (hardware data): the cases are reported at granularity 1 (the
-smallest buffer FlashInfer can end up with) and at 2 MiB.
+What remains as shipped is a tensor narrower than the workspace's width (a
+draft narrower than the target): FlashInfer reserves one-shot room in whole
+rows of the workspace's width, so its AUTO choice can exceed the buffer by
+less than a row.  Whether it does depends on the device's allocation
+granularity (hardware data): at granularity 1 (the smallest buffer
+FlashInfer can end up with) it does, on pristine and with the series alike;
+at 2 MiB no case does.  The series carries no fix for it (an earlier one,
+asking the workspace in the fused op, had no realistic trigger); these tests
+show that the series makes no case worse.
 
-Tiers: the seed replay and the narrower model (the patch header's
-`Scenario:`), red before and green after, are the fast tier; the property
-test over generated configurations and the standalone all-reduce are slow.
+Tiers: the seed replay and the narrower model are the fast tier; the
+property test over generated configurations and the standalone all-reduce
+are slow.
 """
 
 from __future__ import annotations
@@ -46,16 +48,13 @@ from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
 from tpfix.replay.harness import (
-    patch_checks,
     run_scenario,
     run_scenarios,
     tree_after,
-    tree_before,
 )
 
-PATCHES = get_line().patches
-
-PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
+SERIES = read_series(get_line().series)
+TREES = {"before": lambda: tree_after(SERIES[0]), "after": lambda: tree_after(SERIES[-1])}
 GRANULARITIES = {"1 B": 1, "2 MiB": MIB2}
 
 
@@ -73,9 +72,9 @@ def _run_all(jobs: dict) -> dict:
 @pytest.fixture(scope="module")
 def fast() -> dict[str, tuple[dict, dict]]:
     """The fast tier's scenarios (the seed replay; NARROW_DRAFT at both
-    granularities) on the tree before and after the patch: one interpreter
-    per tree runs both (bug_b's cases reset what they set up), the two
-    trees concurrently.  {"seed" | "narrow": (before, after)}."""
+    granularities) on pristine ("before") and the series ("after"): one
+    interpreter per tree runs both (bug_b's cases reset what they set up),
+    the two trees concurrently.  {"seed" | "narrow": (before, after)}."""
     jobs = [
         ("bug_b:seed_replay", {}),
         (
@@ -84,7 +83,7 @@ def fast() -> dict[str, tuple[dict, dict]]:
         ),
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(run_scenarios, f(PATCH), jobs) for f in (tree_before, tree_after)]
+        futures = [pool.submit(run_scenarios, f(), jobs) for f in TREES.values()]
         (seed_b, narrow_b), (seed_a, narrow_a) = (fut.result() for fut in futures)
     return {"seed": (seed_b, seed_a), "narrow": (narrow_b, narrow_a)}
 
@@ -114,7 +113,7 @@ def test_seed_arithmetic_with_flashinfer_functions(seed_before, seed_after):
 def test_seed_vllm_table_on_mnnvl_exceeds_allocation(seed_before, seed_after):
     """The seed's crash: vLLM's table picks one-shot for N <= 42, the MNNVL
     buffer holds one-shot up to N = 12; FlashInfer raises the seed's error.
-    vllm#47589 stopped applying the table on MNNVL; patch 0005 does not
+    vllm#47589 stopped applying the table on MNNVL; the series does not
     change it, so forcing it fails alike on both trees."""
     for result in (seed_before, seed_after):
         run = result["runs"]["mnnvl_vllm_policy"]
@@ -163,35 +162,28 @@ def narrow(fast):
     return res
 
 
-def test_header_scenario_is_this_case():
-    (check,) = patch_checks(PATCHES / PATCH)
-    assert check.spec == "bug_b:run_case" and check.kwargs == NARROW_DRAFT
-
-
-def test_narrower_model_gets_a_strategy_the_workspace_holds(narrow):
-    """The workspace is planned at the widest model (6144) for 16 tokens:
-    FlashInfer reserves one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows
-    = 983040 bytes (granularity 1).  For the 4096-wide model at N = 16,
-    FlashInfer's AUTO (1 MiB rule) asks for one-shot, 1048576 bytes:
-    FlashInfer raises.  After the patch vLLM requests two-shot there."""
+def test_narrower_model_at_granularity_1_alike_on_both_trees(narrow):
+    """The workspace at the widest model (6144) for 16 tokens: FlashInfer
+    reserves one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows = 983040
+    bytes (granularity 1).  For the 4096-wide model at N = 16, FlashInfer's
+    AUTO (1 MiB rule) asks for one-shot, 1048576 bytes: FlashInfer raises, on
+    pristine (the target's op creates that workspace) and with the series
+    (the worker creates it at load) alike."""
     before, after = narrow[("1 B", "before")], narrow[("1 B", "after")]
-    assert before["planned_shape"] == after["planned_shape"] == [16, 6144]
+    assert before["planned_shape"] is None and after["planned_shape"] == [16, 6144]
     assert before["mnnvl_buffer_size_bytes"] == after["mnnvl_buffer_size_bytes"] == 983040
-    assert check_run_case(before) is False and check_run_case(after) is True
-    (failure,) = before["failure_examples"]
-    assert (failure["hidden"], failure["num_tokens"]) == (4096, 16)
-    assert "Buffer: 983040 bytes, Required: 1048576 bytes" in failure["error"]
-    assert after["oneshot_tokens"]["4096"] == [[1, 15]]
-    assert after["twoshot_tokens"]["4096"] == [[16, 16]]
+    for r in (before, after):
+        assert check_run_case(r) is False
+        (failure,) = r["failure_examples"]
+        assert (failure["hidden"], failure["num_tokens"]) == (4096, 16)
+        assert "Buffer: 983040 bytes, Required: 1048576 bytes" in failure["error"]
 
 
-def test_narrower_model_at_2mib_granularity_fits_either_way(narrow):
+def test_narrower_model_at_2mib_granularity_fits_on_both_trees(narrow):
     """With a 2 MiB granularity the allocation rounds the same request up to
     4 MiB (buffer 1397408 B per Lamport buffer): FlashInfer's one-shot at
-    N = 16 fits before the patch too, and the patch changes nothing there
-    (it only steps in where FlashInfer's choice does not fit)."""
-    before, after = narrow[("2 MiB", "before")], narrow[("2 MiB", "after")]
-    for r in (before, after):
+    N = 16 fits."""
+    for r in (narrow[("2 MiB", "before")], narrow[("2 MiB", "after")]):
         assert r["mnnvl_buffer_size_bytes"] == 1397408
         assert check_run_case(r) is True
         assert r["oneshot_tokens"]["4096"] == [[1, 16]]
@@ -244,9 +236,9 @@ CASES = _generate_cases(150) + [NARROW_DRAFT]
 def properties():
     """property_cases on both trees at both granularities, printed."""
     jobs = {
-        (label, when): (f(PATCH), "bug_b:property_cases", {"cases": CASES, "granularity": g})
+        (label, when): (f(), "bug_b:property_cases", {"cases": CASES, "granularity": g})
         for label, g in GRANULARITIES.items()
-        for when, f in (("before", tree_before), ("after", tree_after))
+        for when, f in TREES.items()
     }
     res = _run_all(jobs)
     for (label, when), r in res.items():
@@ -265,45 +257,33 @@ def _mixed_mnnvl(case: dict) -> bool:
 
 
 @pytest.mark.slow
-def test_property_as_shipped_before_fails_only_for_narrower_tensors_on_mnnvl(properties):
-    """Red before (granularity 1): as shipped (FlashInfer's AUTO on MNNVL)
-    only a tensor narrower than the workspace fails, in mixed-width cases
-    on MNNVL; NARROW_DRAFT is among them."""
-    r = properties[("1 B", "before")]
-    assert r["checked"] > 0
-    assert r["as_shipped_failing_cases"] == len(r["as_shipped_failing"]) > 0, r
-    assert all(_mixed_mnnvl(c) for c in r["as_shipped_failing"]), r["as_shipped_failing"]
-    assert NARROW_DRAFT in r["as_shipped_failing"]
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("granularity", list(GRANULARITIES))
-def test_property_as_shipped_after_always_fits(properties, granularity):
-    r = properties[(granularity, "after")]
-    assert r["checked"] > 0
-    assert r["as_shipped_failing_cases"] == 0, r["as_shipped_failing"]
-    # with the plan of 0002 and a servable strategy, nothing falls back
-    assert r["as_shipped_unfused"] == 0, r
+def test_property_series_is_never_worse_than_pristine(properties, granularity):
+    """As shipped (FlashInfer's AUTO on MNNVL): every case that fails with
+    the series fails on pristine too, and no fused call falls back."""
+    before, after = properties[(granularity, "before")], properties[(granularity, "after")]
+    assert after["checked"] > 0
+    assert all(c in before["as_shipped_failing"] for c in after["as_shipped_failing"]), after
+    assert after["as_shipped_unfused"] == 0, after
 
 
 @pytest.mark.slow
-def test_property_coarser_granularity_hides_some_failures(properties):
-    """At 2 MiB the rounding hides part of what fails at granularity 1
-    before the patch (never adds one): whether a configuration fails on a
-    device depends on that device's granularity."""
-    fine = properties[("1 B", "before")]["as_shipped_failing"]
-    coarse = properties[("2 MiB", "before")]["as_shipped_failing"]
-    assert all(c in fine for c in coarse), coarse
-    assert len(coarse) < len(fine)
+def test_property_series_fails_only_for_narrower_tensors_on_mnnvl(properties):
+    """What fails with the series at granularity 1 is a tensor narrower than
+    the workspace on MNNVL (NARROW_DRAFT among them); at 2 MiB nothing."""
+    fine = properties[("1 B", "after")]["as_shipped_failing"]
+    assert all(_mixed_mnnvl(c) for c in fine), fine
+    assert NARROW_DRAFT in fine
+    assert properties[("2 MiB", "after")]["as_shipped_failing_cases"] == 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("granularity", list(GRANULARITIES))
 def test_property_vllm_table_on_mnnvl_unchanged_by_the_patch(properties, granularity):
     """The table of vLLM forced on MNNVL (the seed's policy) exceeds the
-    allocation in the same cases before and after: patch 0005 steps in only
-    where FlashInfer decides (use_oneshot=None), which is what v0.27.1 ships
-    on MNNVL; all failures are on MNNVL."""
+    allocation in the same cases on both trees: the series does not change
+    vLLM's table (v0.27.1 ships use_oneshot=None on MNNVL); all failures are
+    on MNNVL."""
     before, after = properties[(granularity, "before")], properties[(granularity, "after")]
     assert before["policy_failing_cases"] == after["policy_failing_cases"] > 0
     assert all(ex["case"]["backend"] == "mnnvl" for ex in after["failing_examples"])
@@ -311,9 +291,9 @@ def test_property_vllm_table_on_mnnvl_unchanged_by_the_patch(properties, granula
 
 # The standalone FlashInfer all-reduce (VLLM_ALLREDUCE_USE_FLASHINFER=1) on
 # MNNVL, SM90 TP8: Qwen3-14B (5120) with a Qwen3-8B draft (4096), 16 tokens.
-# The workspace planned for the engine (16 x 5120) reserves one-shot room for
-# 12 rows of 5120 (983040 B at granularity 1); a 4096-wide input of 16
-# tokens is 1 MiB, which FlashInfer's AUTO sends one-shot.
+# The workspace created at load (16 x 5120) reserves one-shot room for 12
+# rows of 5120 (983040 B at granularity 1); a 4096-wide input of 16 tokens
+# is 1 MiB, which FlashInfer's AUTO sends one-shot.
 STANDALONE_NARROW = dict(
     target_hidden=5120,
     draft_hidden=4096,
@@ -328,21 +308,17 @@ STANDALONE_NARROW = dict(
 def test_standalone_narrower_input_fits():
     """Runs tpfix/replay/bug_a.py:standalone (FlashInferAllReduce's real
     should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks, at
-    granularity 1).  Before the patch FlashInfer raises; after it the
-    standalone all-reduce asks the workspace and leaves the 16-token draft
-    input to the other all-reduce backends.  On pristine v0.27.1 (+0001)
-    the standalone all-reduce sized the workspace itself for its 51-token
-    budget at the first (5120-wide) input, whose two-shot room (1146880 B)
-    holds that one-shot: the failure starts with 0002's plan for 16 tokens."""
-    trees = {
-        "pristine": tree_after(read_series(get_line().series)[0]),  # v0.27.1 + 0001 (FlashInfer)
-        "before": tree_before(PATCH),
-        "after": tree_after(PATCH),
-    }
-    res = _run_all({k: (t, "bug_a:standalone", STANDALONE_NARROW) for k, t in trees.items()})
-    before, after, pristine = res["before"], res["after"], res["pristine"]
-    assert before.get("error") == "ValueError", before
-    assert "Buffer: 983040 bytes, Required: 1048576 bytes" in before["message"], before
-    assert "error" not in after, after
-    assert after["accepted"] == {"target": [1, 2, 16], "draft": [1, 2]}, after
-    assert "error" not in pristine and 16 in pristine["accepted"]["draft"], pristine
+    granularity 1) on every tree of the series.  On pristine v0.27.1 (+0001)
+    the standalone all-reduce sizes the workspace itself for its 51-token
+    budget at its first (5120-wide) input, whose two-shot room (1146880 B)
+    holds that one-shot.  From the sizing patch on, the worker creates the
+    workspace at load (16 x 5120), whose one-shot room does not hold it: the
+    standalone all-reduce asks the workspace (0002, vllm#50932, ahead of the
+    sizing patch) and leaves the 16-token draft input to the other
+    all-reduce backends, so no tree fails."""
+    trees = {n: tree_after(n) for n in SERIES}
+    res = _run_all({n: (t, "bug_a:standalone", STANDALONE_NARROW) for n, t in trees.items()})
+    assert "error" not in res[SERIES[0]] and 16 in res[SERIES[0]]["accepted"]["draft"], res
+    for name in SERIES[1:]:
+        assert "error" not in res[name], (name, res[name])
+    assert res[SERIES[-1]]["accepted"] == {"target": [1, 2, 16], "draft": [1, 2]}, res

@@ -53,13 +53,21 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
             "in series order; upstream: "
         )
         assert p["diff"]["text"]["content"] == (line.patches / name).read_text()
-        # the upstream issue the header's Bug: names, by id and link
-        bug = [v for k, v in _trailers(line.patches / name) if k == "Bug"][0]
-        owner_repo, num = bug.removeprefix("https://github.com/").split("/issues/")
-        assert issue["id"] == f"{owner_repo}#{num}"
-        assert issue["source"]["url"] == bug and bug in issue["references"]
-        # Related: short references are pull requests
-        assert all("/issues/" not in r for r in issue["references"] if r != bug)
+        # the upstream issue the header's Bug: names, by id and link; a patch
+        # whose issue is still to be filed (Issue:) or that only relates to
+        # one (Related:) is named by its file
+        bugs = [v for k, v in _trailers(line.patches / name) if k == "Bug"]
+        if bugs:
+            (bug,) = bugs
+            owner_repo, num = bug.removeprefix("https://github.com/").split("/issues/")
+            assert issue["id"] == f"{owner_repo}#{num}"
+            assert issue["source"]["url"] == bug and bug in issue["references"]
+        else:
+            bug = None
+            assert issue["id"] == f"tpfix:{name}" and "source" not in issue, issue
+        # Related: references, as links (vllm#N: the pull request)
+        refs = [r for r in issue["references"] if r != bug]
+        assert all(r.startswith("https://github.com/") for r in refs), refs
         header = dict(_trailers(line.patches / name))
         if header.get("Applied-Upstream") and header.get("Forwarded") in ("no", "not-needed"):
             assert "upstream: superseded: fixed in " in issue["description"]
@@ -68,7 +76,12 @@ def _check_sbom(doc_path: Path, wheel: Path, sdist_sha: str, official_sha: str) 
         assert p["type"] == "unofficial"  # no patch of ours is upstream's own change
     if line.is_default:  # upstream pinned a newer FlashInfer instead of taking 0001
         assert "upstream: superseded: fixed in v0.33.0" in _defect(patches[0])["description"]
-    assert "0001 superseded; 0002 open" in root["pedigree"]["notes"]
+    expected = []
+    for name in names:  # by patch: superseded where upstream fixed it, else open
+        header = dict(_trailers(line.patches / name))
+        fixed = header.get("Applied-Upstream") and header.get("Forwarded") in ("no", "not-needed")
+        expected.append(f"{name.split('-', 1)[0]} {'superseded' if fixed else 'open'}")
+    assert f"Upstream, by patch: {'; '.join(expected)}." in root["pedigree"]["notes"]
     # no link to a file the build does not write
     assert all(e["type"] != "exploitability-statement" for e in root["externalReferences"])
     assert "timestamp" not in doc["metadata"]

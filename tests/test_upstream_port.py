@@ -87,8 +87,10 @@ ARF = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
 FI_AR = "vllm/distributed/device_communicators/flashinfer_all_reduce.py"
 CUDA_COMM = "vllm/distributed/device_communicators/cuda_communicator.py"
 WORKER = "vllm/v1/worker/gpu_worker.py"
-WS_TEST = "tests/distributed/test_flashinfer_all_reduce_workspace.py"
+CONFIG = "vllm/config/vllm.py"
+WS_TEST = "tests/compile/passes/distributed/test_fusion_all_reduce_workspace.py"
 GPU_SKIP = "Need at least 2 GPUs"
+SIGNOFF = "Export Tester <export-tester@example.com>"
 
 
 def _scenarios(name: str) -> list[str]:
@@ -107,21 +109,25 @@ def _named(spec: str) -> str | None:
 
 # The fixes the facts of the v0.33.0 rebase name (REPORT_FACTS, PORT_FACTS),
 # by the scenario each shows: None where the source series has no such patch.
-SIZING = _named("bug_a:warm_start")  # bug A: workspace planned for every model
+SIZING = _named("bug_a:warm_start")  # bug A: created at load for every model
 LIFETIME = _named("bug_a:drafter_pass_collected")  # bug A: lives with the TP group
 AGREEMENT = _named("bug_a:creation_failure")  # bug A: all ranks agree on creation
+RANGES = _named("bug_a:fused_ranges")  # each model keeps its fused range
+STANDALONE = _named("bug_a:standalone")  # the standalone all-reduce asks (vllm#50932)
 
 
-def _issue(patchfile: Path) -> str | None:
-    """#N of the vLLM issue of the header's `Bug:` field (its Fixes upstream)."""
-    bug = read_patch(patchfile).header.get("Bug") or ""
+def _fixes(patchfile: Path) -> list[str]:
+    """What the port's pull request says it fixes: #N of the vLLM issue of
+    its `Bug:` field, and issue-<id> for each `Issue: <id>` (an upstream
+    issue the export writes, to be filed first)."""
+    header = read_patch(patchfile).header
+    bug = header.get("Bug") or ""
     m = re.fullmatch(r"https://github\.com/vllm-project/vllm/issues/(\d+)", bug)
-    return f"#{m.group(1)}" if m else None
+    return ([f"#{m.group(1)}"] if m else []) + [f"issue-{i}" for i in header.get_all("Issue")]
 
 
-# the upstream issue of each port (its pull request's Fixes), from the header
-# of the source line's patch
-ISSUE = {n: _issue(PATCHES / n) for n in PORTED}
+# what each port's pull request fixes, from the header of the source line's patch
+FIXES = {n: _fixes(PATCHES / n) for n in PORTED}
 
 
 def both(first, second):
@@ -266,15 +272,25 @@ def _pin_absorbed_0_33_0(report: dict, rec: dict) -> None:
     assert check["pinned_before"]["passed"] is False
 
 
+def _standalone_absorbed_0_33_0(report: dict, rec: dict) -> None:
+    """v0.33.0 has vllm#50932 (the standalone all-reduce asks the workspace)
+    in its own words: the backport's scenario is red on v0.27.1 before it
+    and green on pristine v0.33.0."""
+    assert (rec["status"], rec["how"]) == ("absorbed", "checks")
+    (check,) = rec["checks"]
+    assert check["spec"] == "bug_a:standalone" and check["kwargs"]["passes_first"]
+    assert check["target"]["passed"] is True
+    assert check["pinned_before"]["passed"] is False
+
+
 def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The first bug A patch conflicts on its own (no earlier patch left
-    behind): vllm#52193 changed the pass's token limit to the widest model's
-    rows (`self.workspace_hidden_dim`, where the patch replaces the line that
-    used the pass's own width), and flashinfer_all_reduce.py's imports moved
-    (the per-group `_node_count` where the patch adds `get_tp_group` next to
-    `get_node_count`).  The worker, config and test hunks merge.  The
-    warm-start check is red on pristine v0.33.0 (the seed's ValueError): not
-    absorbed."""
+    """The sizing patch conflicts on its own (no earlier patch left behind):
+    vllm#52193 sizes the pass's workspace with `self.workspace_hidden_dim`
+    where the patch replaces the pass's own width, and
+    flashinfer_all_reduce.py's imports moved (the per-group `_node_count`
+    where the patch adds `get_tp_group` next to `get_node_count`).  The
+    worker and test hunks merge.  The warm-start check is red on pristine
+    v0.33.0 (the seed's ValueError): not absorbed."""
     assert rec["status"] == "conflicts", rec["detail"]
     assert rec["after_uncarried"] == {}
     assert set(_conflict_hunks(rec)) == {ARF, FI_AR}
@@ -292,17 +308,16 @@ def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
 
 
 def _lifetime_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """It builds on the sizing patch (its test file and its
-    prepare_fi_ar_workspace() are not in v0.33.0), and also conflicts on its
-    own: v0.33.0's CudaCommunicator.destroy() tears down the PCIe IPC
-    all-reduce where the patch releases the workspace.  v0.33.0 still has
-    AllReduceFusionPass.__del__: the drafter's collected pass destroys the
-    workspace (red)."""
+    """It builds on the sizing patch (its test file is not in v0.33.0), and
+    also conflicts on its own: v0.33.0's CudaCommunicator.destroy() tears
+    down the PCIe IPC all-reduce where the patch releases the workspace.
+    v0.33.0 still has AllReduceFusionPass.__del__: the drafter's collected
+    pass destroys the workspace (red)."""
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING]
     hunks = _conflict_hunks(rec)
     assert [h["header"] for h in hunks[WS_TEST]] == ["missing in the target tag"]
-    assert set(rec["merge_conflicts"]) == {WS_TEST, CUDA_COMM, FI_AR}
+    assert set(rec["merge_conflicts"]) == {WS_TEST, ARF, CUDA_COMM}
     assert CUDA_COMM not in rec["after_uncarried"][SIZING]  # a conflict of its own
     assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, rec["name"], CUDA_COMM)
     (check,) = rec["checks"]
@@ -314,15 +329,11 @@ def _lifetime_conflicts_0_33_0(report: dict, rec: dict) -> None:
 
 def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """The v0.27.1 patch backports the failure latches that v0.33.0 already
-    has (`_fi_ar_workspace_failed = True` on the target side; one hunk is
-    found already applied), and changes prepare_fi_ar_workspace() of the two
-    patches before it (a conflict with its absence upstream).  v0.33.0
+    has (`_fi_ar_workspace_failed = True` on the target side).  v0.33.0
     attempts creation once but decides per rank: with a peer's creation
     failing, this rank keeps its workspace (red)."""
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING, LIFETIME]
-    hunks = _conflict_hunks(rec)
-    assert any("previously applied" in h["header"] for h in hunks[FI_AR]), hunks
     assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
     upstream = _upstream_side(report, rec["name"], FI_AR)
     assert "_fi_ar_workspace_failed = True" in upstream
@@ -336,24 +347,21 @@ def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
         assert result[start]["workspace"] != result[start]["peer_workspace"], result
 
 
-def _fits_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The v0.27.1 patch also backports the standalone all-reduce's
-    is_buffer_size_sufficient check (vllm#50932), which v0.33.0 has in its
-    own words: that hunk conflicts, the rest builds on the three bug A
-    patches.  The fused op on MNNVL still leaves the strategy to FlashInfer:
-    the narrower draft's 16-token one-shot request overflows (red)."""
+def _ranges_conflicts_0_33_0(report: dict, rec: dict) -> None:
+    """The v0.27.1 patch adds the width helper that v0.33.0 has from
+    vllm#52193 (`_fused_ar_workspace_hidden_dim`, widest for every config
+    with a draft): that conflicts; the rest builds on the three bug A
+    patches.  With an EAGLE-3 head wider than the target, pristine v0.33.0
+    fuses no token for either model (red)."""
     assert rec["status"] == "conflicts", rec["detail"]
     assert list(rec["after_uncarried"]) == [SIZING, LIFETIME, AGREEMENT]
-    assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
-    assert "return workspace.is_buffer_size_sufficient(" in _upstream_side(
-        report, rec["name"], FI_AR
-    )
+    assert set(rec["merge_conflicts"]) == {WS_TEST, ARF}
+    assert "def _fused_ar_workspace_hidden_dim(" in _upstream_side(report, rec["name"], ARF)
     (check,) = rec["checks"]
-    assert check["spec"] == "bug_b:run_case" and check["kwargs"]["widths"] == [6144, 4096]
+    assert (check["spec"], check["kwargs"]) == ("bug_a:fused_ranges", {"spec_method": "eagle3"})
     result = check["target"]["result"]
     assert check["target"]["passed"] is False, result
-    assert (result["failures"], result["unfused"]) == (1, 0), result
-    assert INSUFFICIENT in result["failure_examples"][0]["error"], result
+    assert {m["fused_up_to"] for m in result["models"].values()} == {0}, result
 
 
 # What the rebase onto a tag showed beyond its rebase.json (why each patch
@@ -362,10 +370,11 @@ def _fits_conflicts_0_33_0(report: dict, rec: dict) -> None:
 REPORT_FACTS: dict[str, dict[str, Callable[[dict, dict], None]]] = {
     "v0.33.0": {
         "bug_c:import_flashinfer_all_reduce": _pin_absorbed_0_33_0,
+        "bug_a:standalone": _standalone_absorbed_0_33_0,
         "bug_a:warm_start": _sizing_conflicts_0_33_0,
         "bug_a:drafter_pass_collected": _lifetime_conflicts_0_33_0,
         "bug_a:creation_failure": _agreement_conflicts_0_33_0,
-        "bug_b:run_case": _fits_conflicts_0_33_0,
+        "bug_a:fused_ranges": _ranges_conflicts_0_33_0,
     },
 }
 
@@ -505,8 +514,11 @@ def test_port_keeps_its_fix(name):
     (its upstream issue), the same scenarios (test_port_scenario_... runs
     them), its Claims; the key lines of each port of TAG are in PORT_FACTS."""
     port, source = read_patch(PORT / name).header, read_patch(PATCHES / name).header
-    assert port.get("Bug") and port.get("Bug") == source.get("Bug"), name
-    assert _issue(PORT / name) == ISSUE[name], name
+    assert port.get("Bug") == source.get("Bug"), name
+    assert port.get_all("Issue") == source.get_all("Issue"), name
+    assert _fixes(PORT / name) == FIXES[name], name
+    # a hardening patch fixes no issue; it says which it relates to
+    assert FIXES[name] or port.get_all("Related"), name
     assert patch_checks(PORT / name) and [c.spec for c in patch_checks(PORT / name)] == (
         _scenarios(name)
     )
@@ -518,50 +530,32 @@ def test_port_keeps_its_fix(name):
 
 def _sizing_port_0_33_0(name: str) -> None:
     """Only what v0.33.0 lacks, on top of vllm#52193: its width helper and
-    its tests stay (in every port); one token-limit helper for the compile
-    ranges, the pass and the plan; the worker plans and creates the
-    workspace once the models are loaded (warm start, no creation in CUDA
-    graph capture), and whoever creates it applies the plan.  vllm#52193
-    fixed the cold start upstream; the port keeps it fixed."""
+    its tests stay (in every port); one shape helper that the pass shares;
+    the GPU worker creates the workspace once the model runner has loaded
+    the models (warm starts: no fusion pass; no creation in CUDA graph
+    capture).  vllm#52193 fixed the cold start with a wider draft upstream;
+    the port keeps it fixed."""
     for other in PORTED:  # upstream's helper and its tests are kept
         text = (PORT / other).read_text()
         assert "-def _fused_ar_workspace_hidden_dim(" not in text, other
         assert "-def test_fused_ar_workspace_hidden_dim" not in text, other
     sizing = {p: _diff_of(PORT / name, p) for p in (ARF, FI_AR, WORKER)}
-    sizing["config"] = _diff_of(PORT / name, "vllm/config/compilation.py")
-    sizing["ranges"] = _diff_of(PORT / name, "vllm/config/vllm.py")
-    helper = (
-        "+    def ar_fusion_max_tokens(max_size: int, tokens: int, hidden: int, elem: int) -> int:"
+    assert any(x.startswith("+def fi_ar_workspace_shape(") for x in sizing[FI_AR])
+    assert any(x.startswith("+def init_fi_ar_fusion_workspace(") for x in sizing[FI_AR])
+    assert "+            **fi_ar_workspace_shape(config, max_size, self.tp_size)," in sizing[ARF]
+    call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
+    assert call in sizing[WORKER]
+    # its cold-then-warm start at TP2 is for upstream's multi-GPU CI
+    assert any(
+        "test_draft_wider_than_target_cold_then_warm_start" in t
+        for t in multi_gpu_tests(PORT / name)
     )
-    assert helper in sizing["config"]
-    ranges = "+                max_token_num = compilation_config.pass_config.ar_fusion_max_tokens("
-    assert ranges in sizing["ranges"]
-    assert (
-        "+        self.max_token_num = config.compilation_config.pass_config.ar_fusion_max_tokens("
-        in sizing[ARF]
-    )
-    assert any(x.startswith("+def prepare_fi_ar_workspace(") for x in sizing[FI_AR])
-    assert "+_fi_ar_workspace_shape: tuple[int, int] | None = None" in sizing[FI_AR]
-    assert "+        hidden_dim = max(hidden_dim, _fi_ar_workspace_shape[1])" in sizing[FI_AR]
-    call = "+        flashinfer_all_reduce.prepare_fi_ar_workspace("
-    assert any(x.startswith(call) for x in sizing[WORKER])
-    # its end-to-end cold-then-warm start at TP2 is for upstream's multi-GPU CI
-    assert any("test_draft_model_allreduce_fusion.py::" in t for t in multi_gpu_tests(PORT / name))
-    # bug A is vllm#52023; the fits patch is filed under it too (its overflow
-    # needs a workspace shared with a wider model; vllm#47284 is Related)
-    assert {ISSUE[n] for n in PORTED} == {"#52023"}, ISSUE
+    assert FIXES[name] == ["issue-fusion-workspace-crash"], FIXES
     for other in PORTED:  # not forwarded yet
         assert read_patch(PORT / other).header.get("Forwarded") == "no", other
-    tree = port_tree()
-    pass_src = (tree / ARF).read_text()
-    assert "def _fused_ar_workspace_hidden_dim(config: VllmConfig) -> int:" in pass_src
-    assert "self.workspace_hidden_dim = _fused_ar_workspace_hidden_dim(config)" in pass_src
-    test_src = (tree / "tests/compile/passes/distributed/test_fusion_all_reduce.py").read_text()
-    assert "def test_fused_ar_workspace_hidden_dim(" in test_src
-    assert "def test_fused_ar_workspace_hidden_dim_spec_without_draft(" in test_src
-    worker = (tree / WORKER).read_text()
+    worker = (port_tree() / WORKER).read_text()
     load = worker[worker.index("    def load_model(") :]
-    assert load.index("self.model_runner.load_model(") < load.index("prepare_fi_ar_workspace(")
+    assert load.index("self.model_runner.load_model(") < load.index("init_fi_ar_fusion_workspace(")
     trees = port_tree(""), port_tree()  # the cold start: green on pristine and port
     for res in both(*(lambda t=t: run_scenario(t, "bug_a:cold_start") for t in trees)):
         assert "error" not in res, res
@@ -570,24 +564,31 @@ def _sizing_port_0_33_0(name: str) -> None:
 
 
 def _lifetime_port_0_33_0(name: str) -> None:
-    """The pass no longer frees the workspace, the TP group's teardown does."""
+    """The pass no longer frees the workspace, the TP group's teardown does;
+    a replaced workspace is retired, not destroyed."""
     lifetime = _diff_of(PORT / name, ARF) + _diff_of(PORT / name, CUDA_COMM)
     assert "-    def __del__(self) -> None:" in lifetime
     assert "+            destroy_fi_ar_workspace()" in lifetime
     assert "def __del__" not in (port_tree() / ARF).read_text()
+    assert any("_fi_ar_retired_workspaces" in x for x in _diff_of(PORT / name, FI_AR))
 
 
 def _agreement_port_0_33_0(name: str) -> None:
-    """All ranks agree on creation (a MIN all-reduce)."""
+    """All ranks agree on creation (a MIN all-reduce); hardening, no Fixes."""
     agreement = _diff_of(PORT / name, FI_AR)
     assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in agreement
-
-
-def _fits_port_0_33_0(name: str) -> None:
-    """The fused op asks the workspace whether a request fits."""
-    assert "+        if use_oneshot is None and not workspace.is_buffer_size_sufficient(" in (
-        _diff_of(PORT / name, ARF)
+    assert FIXES[name] == [] and "Bugfix" not in read_patch(PORT / name).header.mail_field(
+        "Subject"
     )
+
+
+def _ranges_port_0_33_0(name: str) -> None:
+    """The pass's token bound and the compile range use one width helper."""
+    assert "+                    _fused_ar_workspace_hidden_dim(self)" in _diff_of(
+        PORT / name, CONFIG
+    )
+    assert any("not spec.uses_draft_model()" in x for x in _diff_of(PORT / name, ARF))
+    assert FIXES[name] == ["issue-lost-fusion"], FIXES
 
 
 # The key lines of each port of a tag (what a reviewer of that port checked),
@@ -598,7 +599,7 @@ PORT_FACTS: dict[str, dict[str, Callable[[str], None]]] = {
         "bug_a:warm_start": _sizing_port_0_33_0,
         "bug_a:drafter_pass_collected": _lifetime_port_0_33_0,
         "bug_a:creation_failure": _agreement_port_0_33_0,
-        "bug_b:run_case": _fits_port_0_33_0,
+        "bug_a:fused_ranges": _ranges_port_0_33_0,
     },
 }
 
@@ -614,20 +615,16 @@ def _warm_start_details(before: dict, after: dict) -> None:
     assert len(after["result"]["created"]) == 1, after
 
 
-def _narrow_draft_details(before: dict, after: dict) -> None:
-    """MNNVL TP8, workspace planned at 6144 (the sizing port), 4096-wide
-    tensors: FlashInfer's AUTO asks one-shot for 16 tokens (1048576 bytes >
-    983040 reserved); with the port vLLM requests two-shot there."""
-    res = before["result"]
-    assert (res["failures"], res["unfused"]) == (1, 0), res
-    assert INSUFFICIENT in res["failure_examples"][0]["error"], res
-    assert res["planned_shape"] == [16, 6144], res
-    res = after["result"]
-    assert res["oneshot_tokens"]["4096"] == [[1, 15]], res
-    assert res["twoshot_tokens"]["4096"] == [[16, 16]], res
+def _ranges_details(before: dict, after: dict) -> None:
+    """SM90 TP4, target 2048 / draft 2560: the target fused up to the
+    drafter's 409 tokens (vllm#52193's widest bound); with the port up to
+    its own 512."""
+    assert before["result"]["models"]["target"]["fused_up_to"] == 409, before
+    assert after["result"]["models"]["target"]["fused_up_to"] == 512, after
+    assert after["result"]["models"]["draft"]["fused_up_to"] == 409, after
 
 
-DETAILS = {"bug_a:warm_start": _warm_start_details, "bug_b:run_case": _narrow_draft_details}
+DETAILS = {"bug_a:warm_start": _warm_start_details, "bug_a:fused_ranges": _ranges_details}
 
 
 @pytest.mark.parametrize("name", PORTED)
@@ -738,7 +735,7 @@ def test_ported_vllm_tests_red_then_green(name, tmp_path):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("export") / TAG
-    return out, export(TAG, out, run_tests=False)
+    return out, export(TAG, out, SIGNOFF, run_tests=False)
 
 
 def test_export_gives_one_mail_and_one_description_per_port(exported):
@@ -757,15 +754,20 @@ def test_export_command_prints_the_files(tmp_path):
     each mail and its description, in series order."""
     out = tmp_path / "export"
     proc = subprocess.run(
-        [sys.executable, "-m", "tpfix.maint.export", TAG, "--no-tests", "--out", str(out)],
+        [sys.executable, "-m", "tpfix.maint.export", TAG, "--no-tests", "--out", str(out)]
+        + ["--signoff", SIGNOFF],
         text=True,
         capture_output=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     printed = proc.stdout.split()
-    assert len(printed) == 2 * len(PORTED)
-    assert [Path(p).suffix for p in printed] == [".patch", ".md"] * len(PORTED)
+    issues = sorted({f for fixes in FIXES.values() for f in fixes if f.startswith("issue-")})
+    assert len(printed) == 2 * len(PORTED) + len(issues)
+    assert [Path(p).suffix for p in printed] == [".patch", ".md"] * len(PORTED) + [".md"] * len(
+        issues
+    )
+    assert [Path(p).stem for p in printed[2 * len(PORTED) :]] == issues
     assert all(Path(p).is_file() and Path(p).parent == out for p in printed)
 
 
@@ -796,13 +798,16 @@ def test_exported_mails_are_format_patch_mails(exported):
         assert re.match(r"From [0-9a-f]{40} Mon Sep 17 00:00:00 2001\n", text)
         assert re.search(r"^From: .+ <.+@.+>$", text, re.M)
         assert re.search(r"^Date: \w{3}, \d+ \w{3} \d{4} ", text, re.M)
-        assert f"Subject: [PATCH {n}/{m}] [Bugfix]" in text
-        assert re.search(r"^Signed-off-by: .+ <.+@.+>$", text, re.M)
+        assert f"Subject: [PATCH {n}/{m}] [" in text
+        assert re.search(rf"^Signed-off-by: {re.escape(SIGNOFF)}$", text, re.M)
+        assert re.search(rf"^From: {re.escape(SIGNOFF)}$", text, re.M)
+        assert ".invalid" not in text, p["name"]
         bug = read_patch(PORT / p["name"]).header.get("Bug")
-        assert re.search(rf"^Fixes: {re.escape(bug)}$", text, re.M), p["name"]
-        for field in ("Forwarded", "Related", "Scenario", "Claim", "Bug"):
+        fixes = re.findall(r"^Fixes: (.+)$", text, re.M)
+        assert fixes == ([bug] if bug else []), p["name"]
+        for field in ("Forwarded", "Related", "Scenario", "Claim", "Bug", "Issue"):
             assert not re.search(rf"^{field}:", text, re.M), (p["name"], field)
-        assert p["fixes"] == [ISSUE[p["name"]]]
+        assert p["fixes"] == FIXES[p["name"]]
 
 
 def _section(text: str, title: str) -> str:
@@ -818,7 +823,14 @@ def test_pr_descriptions_follow_vllms_template(exported):
         header = read_patch(PORT / p["name"]).header
         titles = re.findall(r"^## (.+)$", text, re.M)
         assert titles[:4] == ["Overview", "Claims", "Validation", "Details"], titles
-        assert f"Fixes {ISSUE[p['name']]}." in _section(text, "Overview"), p["name"]
+        overview = _section(text, "Overview")
+        for f in FIXES[p["name"]]:  # Fixes only what it fixes
+            said = f"`{f}.md`" if f.startswith("issue-") else f"Fixes {f}."
+            assert said in overview, (p["name"], f)
+        if not FIXES[p["name"]]:
+            assert "Fixes" not in overview, p["name"]
+        for related in header.get_all("Related"):
+            assert f"Related: {related}" in _section(text, "Details"), p["name"]
         claims = header.get_all("Claim")
         assert claims, f"{p['name']}: no Claim: fields"
         bullets = re.findall(r"^- (.+)$", _section(text, "Claims"), re.M)
@@ -830,3 +842,34 @@ def test_pr_descriptions_follow_vllms_template(exported):
         assert p["multi_gpu_tests"] == gpu
         for test in gpu:  # named as not run here, for upstream's multi-GPU CI
             assert f"  - `{test}`" in _section(text, "Validation"), p["name"]
+
+
+def test_export_writes_the_upstream_issues(exported):
+    """One issue text per `Issue:` field, as docs/upstream/ holds it."""
+    out, rep = exported
+    issues = sorted({f for fixes in FIXES.values() for f in fixes if f.startswith("issue-")})
+    assert rep["issues"] == [f"{i}.md" for i in issues]
+    root = Path(__file__).resolve().parents[1]
+    for i in issues:
+        text = (out / f"{i}.md").read_text()
+        assert text == (root / "docs" / "upstream" / f"{i[len('issue-') :]}.md").read_text()
+        assert text.startswith("# [")
+
+
+def test_export_refuses_a_placeholder_signoff(tmp_path, monkeypatch):
+    """The export refuses to sign off mails with a placeholder (an .invalid
+    address, as the headers have) or with no identity at all (no --signoff,
+    no git identity), which vLLM's DCO check rejects, and writes nothing."""
+    import tpfix.maint.export as export_module
+    from tpfix.util import Fail
+
+    out = tmp_path / "export"
+    with pytest.raises(Fail, match="placeholder"):
+        export(TAG, out, "vLLM tpfix maintainers <maintainers@tpfix.invalid>", run_tests=False)
+    assert not out.exists()
+    monkeypatch.setattr(export_module, "ROOT", tmp_path)  # no repository, no identity
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "none"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    with pytest.raises(Fail, match="Signed-off-by"):
+        export(TAG, out, None, run_tests=False)
+    assert not out.exists()

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Per-call Python cost of vLLM's fused all-reduce + RMSNorm op, v0.27.1 (the
-tree before patch 0002) next to the patched series, in one run.
+tree before the series' first fix) next to the patched series, in one run.
 
 Each tree's REAL ``call_trtllm_fused_allreduce_norm`` runs in its own
 subprocess (scripts/tpfix/bench/measure.py:op_overhead) with FlashInfer's launch
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
+PATCH = "0002-standalone-allreduce-asks-the-workspace.patch"  # pristine + 0001 before it
 
 
 def main() -> None:

@@ -95,8 +95,8 @@ def _min_need(c: dict, budget: int | None) -> int:
     model up to its own token limit (the pass's, at its own width), in one
     workspace as wide as the widest model.  trtllm: FlashInfer checks
     token * hidden elements; mnnvl: ``get_required_buffer_size_bytes`` with
-    FlashInfer's AUTO choice for every request (what v0.27.1 requests on
-    MNNVL; patch 0005 requests two-shot where that does not fit)."""
+    FlashInfer's AUTO choice for every request (what v0.27.1 and the
+    series request on MNNVL)."""
     import torch
 
     if budget is None:

@@ -14,7 +14,7 @@ is still faster, converted to the unit vLLM's patched thresholds use:
 
 (what one rank's one-shot buffer must hold).  That number is what to compare
 with FlashInfer's ``MNNVL_ONE_SHOT_THRESHOLD`` (1 MiB; FlashInfer's own choice
-on MNNVL, which patch 0005 checks against the workspace) or with
+on MNNVL) or with
 ``_FI_ALLREDUCE_ONE_SHOT_MAX_SIZES_MB`` x world_size (TRT-LLM) in
 vllm/compilation/passes/fusion/allreduce_rms_fusion.py.  The
 script also prints the per-rank MNNVL buffer FlashInfer needs to serve one-shot

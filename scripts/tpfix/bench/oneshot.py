@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Bug B: FlashInfer all-reduce workspace memory and one-shot/two-shot choice,
-before and after patch 0005, measured by running the real code of two trees.
+on pristine (+0001) and with the whole series, measured by running the real
+code of two trees.
 
 For the seed configuration (SM90, TP8, hidden 6144, bf16, 0.5 MiB budget) and
 for TP2/TP4/TP8 at the default budgets of SM90 and SM100, and for both
@@ -22,16 +23,15 @@ FlashInfer backends, prints per tree:
 Everything comes from scripts/tpfix/bench/measure.py:bench_table (bug_b's
 cases) run in a fresh interpreter per tree (see replay/device.py,
 setup_recording, for what is simulated: GPU memory, kernel launches, the TP
-group).  These configurations have one model width;
-patch 0005 only changes a request that does not fit the workspace (a tensor
-narrower than the workspace's width, tests/test_bug_b.py), and leaves vLLM's
-table alone, so before and after print the same here: what it shows is the
-strategy and memory of the series for one width.
+group).  These configurations have one model width; no patch of the series
+changes vLLM's one-shot table or FlashInfer's choice on MNNVL, so both trees
+print the same here: what it shows is the strategy and memory of the series
+for one width.
 
 Usage:
     python -m tpfix.bench.oneshot [--tree-before DIR --tree-after DIR] \\
         [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
-Trees default to the series without / with patch 0005 (scripts/tpfix/replay/harness.py);
+Trees default to pristine (+0001) and the whole series (scripts/tpfix/replay/harness.py);
 any other tree works too, e.g. `python -m tpfix.patch DEST --upto <patch>`.
 """
 
@@ -42,9 +42,11 @@ import json
 import sys
 from pathlib import Path
 
+from tpfix.lines import get_line
+from tpfix.patch_format import read_series
 from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
-PATCH = "0005-allreduce-fusion-ask-flashinfer-whether-the-request-fits.patch"
+PATCH = "0002-standalone-allreduce-asks-the-workspace.patch"  # pristine + 0001 before it
 
 
 def configs(hidden: int, dtype: str, limit: int) -> list[dict]:
@@ -90,7 +92,7 @@ def main() -> None:
     result = {}
     trees = {
         "before": args.tree_before or tree_before(PATCH),
-        "after": args.tree_after or tree_after(PATCH),
+        "after": args.tree_after or tree_after(read_series(get_line().series)[-1]),
     }
     for label, tree in trees.items():
         rows = run_scenario(tree, "tpfix.bench.measure:bench_table", configs=scen)

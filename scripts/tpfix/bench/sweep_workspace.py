@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Sweep of the FlashInfer all-reduce workspace over >= 10,000 deployments,
-v0.27.1 (the tree before patch 0002) against the patched series, one run.
+v0.27.1 (+0001, the tree before the first fix) against the patched series, one run.
 
 Each configuration (target/draft hidden sizes of real models, TP 2/4/8,
 SM 90/100/103, backend trtllm/mnnvl, max_num_batched_tokens 16..16384,
@@ -29,7 +29,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
+PATCH = "0002-standalone-allreduce-asks-the-workspace.patch"  # pristine + 0001 before it
 
 # hidden_size of real models (config.json)
 TARGETS = {

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """FlashInfer all-reduce fusion workspace per rank, before and after patch
-0002 (bug A), for the seed configuration and a few others.
+0003 (bug A: created at load for every model), for the seed configuration
+and a few others.
 
 For every configuration it runs the REAL vLLM code of each tree (config,
 worker init, AllReduceFusionPass for target and drafter, the fused op's lazy
@@ -21,8 +22,8 @@ FlashInfer's own sizing formulas, no memory is allocated).  It prints:
                        of the largest token*hidden product, as wide as the
                        widest model; mnnvl: get_required_buffer_size_bytes
                        with FlashInfer's AUTO choice, times its 3 Lamport
-                       buffers; with patch 0005 vLLM requests two-shot
-                       where AUTO does not fit, so it can need less);
+                       buffers: vLLM requests what FlashInfer's AUTO
+                       picks);
   fused (after)        compile ranges in which the patched tree applies the
                        fusion, target | draft (every range up to the limit).
 """
@@ -33,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-PATCH = "0002-allreduce-fusion-size-workspace-for-every-model.patch"
+PATCH = "0003-allreduce-fusion-size-workspace-for-every-model.patch"
 MiB = 1024 * 1024
 
 CONFIGS = [
@@ -115,8 +116,8 @@ CONFIGS = [
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree-before", type=Path, help="vLLM tree without 0002")
-    ap.add_argument("--tree-after", type=Path, help="vLLM tree with 0002")
+    ap.add_argument("--tree-before", type=Path, help="vLLM tree without 0003")
+    ap.add_argument("--tree-after", type=Path, help="vLLM tree with 0003")
     args = ap.parse_args()
 
     from tpfix.replay.harness import run_scenario, tree_after, tree_before

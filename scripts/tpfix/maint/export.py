@@ -3,7 +3,7 @@
 """Export the forward-ported series as mails and pull-request descriptions.
 
     python -m tpfix.maint.export             # newest line, patches/v0.33.0 -> build/export/v0.33.0/
-    python -m tpfix.maint.export v0.33.0 --out DIR --author "Jane Doe <jane@example.com>"
+    python -m tpfix.maint.export v0.33.0 --out DIR --signoff "Jane Doe <jane@example.com>"
     python -m tpfix.maint.export --no-tests       # skip the validation runs (placeholders)
 
 For patches/TAG/series (a release line: the reviewed forward port, see maint.rebase) it
@@ -12,8 +12,8 @@ repository from the pristine TAG sdist (one commit), commits each patch with
 its header (patch_format) as the commit message: author and date from its
 From:/Date:, the body, and the trailers vLLM takes (DEP-3's `Bug:` becomes
 the `Fixes:` trailer; the fields only this distribution reads, DISTRO_ONLY
-such as Forwarded:, Related:, Scenario:, Claim:, are dropped).  Then it runs
-`git format-patch --numbered`.  OUT gets:
+such as Forwarded:, Related:, Scenario:, Claim:, Issue:, are dropped).  Then
+it runs `git format-patch --numbered`.  OUT gets:
 
   NNNN-<subject>.patch  the mails, [PATCH n/m], with Signed-off-by (vLLM's DCO)
   NNNN-<subject>.md     the pull-request description, vLLM's template
@@ -22,6 +22,9 @@ such as Forwarded:, Related:, Scenario:, Claim:, are dropped).  Then it runs
                         Details, checklist), with the root cause, the test
                         plan, the results measured here, `Fixes #...` and
                         the header's `Related:` references
+  issue-<id>.md         the upstream issue each `Issue: <id>` field names,
+                        to be filed before the pull request that fixes it
+                        (docs/upstream/<id>.md); its PR says "Fixes" for it
   validation.json       those results, machine-readable
 
 Validation (unless --no-tests), per patch, on TAG + the ports before it:
@@ -34,8 +37,11 @@ expectation stops the export.  Tests the patch adds under a several-GPU mark
 (@multi_gpu_only, @multi_gpu_test) skip on this host ("Need at least N
 GPUs"); the description names them as not run, for vLLM's multi-GPU CI.
 
-The DCO needs the submitter's real name: --author replaces the From: and
-Signed-off-by: of the headers (which name the distribution maintainers).
+The DCO needs the submitter's real name: the From: and Signed-off-by: of the
+mails are the submitter's, `--signoff "Name <email>"` or else the git
+identity of this checkout (git config user.name / user.email); the headers'
+distribution identity is a placeholder, and the export refuses to write
+mails signed off by a placeholder (an .invalid address) or by nobody.
 """
 
 from __future__ import annotations
@@ -70,12 +76,15 @@ DISTRO_ONLY = {
     "related",
     "scenario",
     "claim",
+    "issue",
 }
 # DEP-3 fields the commit message carries under vLLM's trailer name.
 AS_TRAILER = {"bug": "Fixes"}
 # Commit identity and date of the pristine import commit: fixed, so the
 # pristine commit and every exported mail are reproducible.
 IMPORT_IDENT = ("vLLM release import", "release-import@example.invalid")
+# The upstream issue texts that `Issue: <id>` header fields name.
+ISSUES = ROOT / "docs" / "upstream"
 IMPORT_DATE = "2000-01-01T00:00:00+00:00"
 
 
@@ -130,6 +139,26 @@ def with_author(mail: Mail, author: str) -> Mail:
     if ("Signed-off-by", author) not in trailers:
         trailers.append(("Signed-off-by", author))
     return Mail(author, mail.date, mail.subject, mail.body, trailers, mail.dropped)
+
+
+def signoff_identity(given: str | None = None) -> str:
+    """The submitter's "Name <email>" for From: and Signed-off-by: `given`, or
+    the git identity of this checkout; a Fail for none or a placeholder."""
+    how = "pass --signoff 'Name <email>' or set git config user.name and user.email"
+    if not given:
+        name, email = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "config", key], capture_output=True, text=True
+            ).stdout.strip()
+            for key in ("user.name", "user.email")
+        )
+        if not (name and email):
+            raise Fail(f"export: the mails need the submitter's Signed-off-by: {how}")
+        given = f"{name} <{email}>"
+    _ident(given)
+    if given.rstrip().rstrip(">").endswith(".invalid"):
+        raise Fail(f"export: {given} is a placeholder, which vLLM's DCO check rejects: {how}")
+    return given
 
 
 def _ident(author: str) -> tuple[str, str]:
@@ -482,7 +511,8 @@ def pr_description(
     claims = mail.values("Claim") or [mail.subject]
     based = f"`{tag}`" + (f" (commit {base})" if base else "")
     depends = f" Applies on top of PATCH 1..{n - 1} of this series." if n > 1 else ""
-    related = mail.trailer("Related")
+    related = mail.values("Related")
+    issues = mail.values("Issue")
     lines = [
         f"# {mail.subject}",
         "",
@@ -490,7 +520,12 @@ def pr_description(
         "",
         "## Overview",
         "",
-        f"{mail.subject}. " + (" ".join(f"Fixes {r}" for r in fixes) + "." if fixes else ""),
+        f"{mail.subject}. "
+        + (" ".join(f"Fixes {r}" for r in fixes) + "." if fixes else "")
+        + "".join(
+            f" Fixes the issue filed from `issue-{i}.md` (file it first, then put its number here)."
+            for i in issues
+        ),
         f"Against {based}, [PATCH {n}/{m}] of the exported series.{depends}",
         "",
         "## Claims",
@@ -516,7 +551,7 @@ def pr_description(
         "",
     ]
     if related:
-        lines += [f"Related: {related}", ""]
+        lines += [f"Related: {r}" for r in related] + [""]
     lines += [
         "Duplicate-work check (AGENTS.md): to be done by the submitter before "
         "opening, e.g. `gh pr list --repo vllm-project/vllm --state open --search "
@@ -537,9 +572,10 @@ def pr_description(
 def export(
     tag: str = DEFAULT_TAG,
     out: Path | None = None,
-    author: str | None = None,
+    signoff: str | None = None,
     run_tests: bool = True,
 ) -> dict:
+    author = signoff_identity(signoff)
     line = get_line(tag)
     series = line.series
     if not series.exists():
@@ -551,20 +587,41 @@ def export(
     # applies exactly (raises otherwise) and is cached for the validation runs
     cached_tree(line)
     validation = {n: validate(line, n) for n in names} if run_tests else {}
+    issues = sorted(
+        {
+            i
+            for n in names
+            for i in parse_header(split((series.parent / n).read_text())[0]).get_all("Issue")
+        }
+    )
+    for i in issues:
+        if not (ISSUES / f"{i}.md").is_file():
+            raise Fail(f"{series.parent}: Issue: {i} has no text {ISSUES / f'{i}.md'}")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    for i in issues:
+        shutil.copyfile(ISSUES / f"{i}.md", out / f"issue-{i}.md")
     with tempfile.TemporaryDirectory(prefix="export.") as tmp:
         repo = pristine_repo(tag, Path(tmp) / "vllm", checkout=False)
         base = commit_id(repo)
         template = git(repo, "show", "HEAD:.github/PULL_REQUEST_TEMPLATE.md", check=False).stdout
         root = git(repo, "rev-parse", "HEAD").stdout.strip()
         mails = [commit_patch(repo, series.parent / n, author, index_only=True) for n in names]
+        for name, mail in zip(names, mails, strict=True):
+            if placeholders := [v for v in mail.values("Signed-off-by") if ".invalid>" in v]:
+                raise Fail(f"{name}: Signed-off-by: {placeholders[0]} is a placeholder")
         proc = git(
             repo, "format-patch", "--numbered", "--no-signature", "-o", str(out), f"{root}..HEAD"
         )
         files = [Path(p) for p in proc.stdout.split()]
-    report = {"tag": tag, "base_commit": base, "series": str(series), "patches": []}
+    report = {
+        "tag": tag,
+        "base_commit": base,
+        "series": str(series),
+        "issues": [f"issue-{i}.md" for i in issues],
+        "patches": [],
+    }
     for i, (name, mail, f) in enumerate(zip(names, mails, files, strict=True), start=1):
         pr = out / f.with_suffix(".md").name
         gpu_tests = multi_gpu_tests(series.parent / name)
@@ -579,17 +636,11 @@ def export(
                 "pr": pr.name,
                 "subject": mail.subject,
                 "author": mail.author,
-                "fixes": _fixes(mail),
+                "fixes": _fixes(mail) + [f"issue-{i}" for i in mail.values("Issue")],
                 "multi_gpu_tests": gpu_tests,
                 "validation": val,
             }
         )
-        if mail.author.rstrip(">").endswith(".invalid"):
-            print(
-                f"warning: {f.name}: author {mail.author} is a placeholder; the DCO "
-                "needs the submitter's identity: --author 'Name <email>'",
-                file=sys.stderr,
-            )
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -605,13 +656,20 @@ def main() -> None:
         help="release line (patches/TAG/; default: the newest)",
     )
     ap.add_argument("--out", type=Path, help="output folder (default build/export/TAG)")
-    ap.add_argument("--author", help="'Name <email>' for From: and Signed-off-by:")
+    ap.add_argument(
+        "--signoff",
+        "--author",
+        dest="signoff",
+        help="'Name <email>' for From: and Signed-off-by: (default: git config user.*)",
+    )
     ap.add_argument("--no-tests", action="store_true", help="skip the validation runs")
     args = ap.parse_args()
-    report = export(args.tag, args.out, args.author, not args.no_tests)
+    report = export(args.tag, args.out, args.signoff, not args.no_tests)
     out = args.out or ROOT / "build" / "export" / args.tag
     for p in report["patches"]:
         print(f"{out / p['mail']}\n{out / p['pr']}")
+    for i in report["issues"]:
+        print(out / i)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ What is REAL (taken from the vLLM tree under test and the installed FlashInfer):
     platform with static graph support, like CUDA), the drafter's
     configuration via ``DraftModelProposer._create_draft_vllm_config``;
   * the worker's ``init_worker_distributed_environment`` and
-    ``Worker.load_model`` (gpu_worker.py; with the series it plans and
-    creates the workspace through ``prepare_fi_ar_workspace``);
+    ``Worker.load_model`` (gpu_worker.py; with the series it creates the
+    workspace through ``init_fi_ar_fusion_workspace``);
   * ``CudaCommunicator.destroy()`` of the TP group (``destroy_model_parallel``);
   * ``AllReduceFusionPass`` (sizing, workspace creation, pattern registration,
     ``is_applicable_for_range``), the custom op
@@ -94,6 +94,9 @@ SEED_001 = {
 }
 # creation_failure(**PEER_FAILS): this rank's creation succeeds, a peer's fails.
 PEER_FAILS = {"where": "peer"}
+# fused_ranges(**EAGLE_WIDER): an EAGLE-3 head (2560) wider than its target
+# (2048), compiled with the target's config, SM90 TP4 (2 MiB budget).
+EAGLE_WIDER = {"spec_method": "eagle3"}
 
 
 # --------------------------------------------------------------------------
@@ -304,6 +307,8 @@ def standalone(
     capability=90,
     max_num_batched_tokens=8192,
     backend="trtllm",
+    fusion_max_size_mb=None,
+    passes_first=False,
 ):
     """FlashInferAllReduce (VLLM_ALLREDUCE_USE_FLASHINFER=1), constructed with
     the TP group before the models are loaded: target tensors first, then
@@ -314,10 +319,20 @@ def standalone(
     import vllm.distributed.parallel_state as ps
 
     setup(tp, capability, backend)
-    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    cfg = engine_config(
+        target_hidden,
+        draft_hidden,
+        tp,
+        max_num_batched_tokens,
+        fusion_max_size_mb=fusion_max_size_mb,
+    )
     worker_init(cfg, standalone=True)
     comm = ps._TP.device_communicator.fi_ar_comm
     created_at_load = len(state["created"])
+    if passes_first:  # a cold start: the profile run compiles before it all-reduces
+        fusion_pass(cfg)
+        if draft_hidden is not None:
+            fusion_pass(draft_config(cfg))
 
     class _OnDevice(torch.Tensor):
         is_cuda = property(lambda self: True)
@@ -348,10 +363,82 @@ def standalone(
     }
 
 
-def fiar_group():
-    import vllm.distributed.parallel_state as ps
+# standalone(**STANDALONE_SMALL_BUDGET): SM90 TP2, a fusion budget set below
+# the default (1 of 64 MiB; the standalone FlashInfer all-reduce of v0.27.x
+# bounds its inputs by the default), a cold start: the fusion passes create
+# the workspace before the first all-reduce.
+STANDALONE_SMALL_BUDGET = {"tp": 2, "fusion_max_size_mb": 1, "passes_first": True}
 
-    return ps._TP.cpu_group
+
+def check_standalone(result: dict) -> bool | None:
+    """Fixed: every input the standalone all-reduce accepts runs in
+    FlashInfer; the bug: one it accepts fails FlashInfer's workspace check."""
+    if "error" in result:
+        message = result.get("message", "")
+        bug = result["error"] == "ValueError" and any(m in message for m in _TOO_SMALL)
+        return False if bug else None
+    return bool(result["accepted"].get("target"))
+
+
+def fused_ranges(
+    target_hidden=2048,
+    draft_hidden=2560,
+    tp=4,
+    capability=90,
+    max_num_batched_tokens=8192,
+    backend="trtllm",
+    spec_method="draft_model",
+):
+    """Cold start; each model's fused range against its own token limit and
+    the fusion's byte budget.  A draft model is compiled with its own config
+    (DraftModelProposer); an EAGLE/MTP head (``spec_method`` other than
+    draft_model) with the target's: its plan is the target config's pass,
+    applied to tensors of the head's width (SIMULATED: no head is built)."""
+    setup(tp, capability, backend)
+    new_process()
+    cfg = engine_config(
+        target_hidden, draft_hidden, tp, max_num_batched_tokens, spec_method=spec_method
+    )
+    worker_init(cfg)
+    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
+    if spec_method == "draft_model":
+        dcfg = draft_config(cfg)
+        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
+    else:
+        plans["draft"] = {**compile_plan(cfg, fusion_pass(cfg)), "hidden": draft_hidden}
+    budget = tp_budget_elems(cfg)
+    models = {}
+    for name, plan in plans.items():
+        top = max((r[1] for r in plan["fused_ranges"]), default=0)
+        models[name] = {
+            "fused_up_to": top,
+            "own_limit": min(budget // plan["hidden"], max_num_batched_tokens),
+            "over_budget": top * plan["hidden"] > budget,
+        }
+    return {
+        "method": spec_method,
+        "models": models,
+        "workspace": workspaces()["_fi_ar_workspace"],
+        "forward": {n: forward_all(p, max_num_batched_tokens) for n, p in plans.items()},
+        "kernel_calls": kernel_calls(),
+    }
+
+
+def check_fused_ranges(result: dict) -> bool | None:
+    """Fixed: no model fuses past the byte budget, each fuses and runs exact,
+    and with a draft model each fuses up to its own token limit; the bug: a
+    model over the budget, or one short of its own limit (or unfused)."""
+    if "error" in result:
+        return None
+    models = result["models"].values()
+    if any(m["over_budget"] for m in models):
+        return False
+    if result["method"] == "draft_model":
+        if any(m["fused_up_to"] < m["own_limit"] for m in models):
+            return False
+    elif any(not m["fused_up_to"] for m in models):
+        return False
+    return _ran_fused(result)
 
 
 def tp_budget_elems(cfg) -> int:
@@ -551,6 +638,9 @@ def suite_cases() -> dict[str, tuple[Any, dict]]:
         ),
         "cold_seed_001": (cold_start, SEED_001),
         "standalone_tp4": (standalone, {}),
+        "standalone_small_budget": (standalone, STANDALONE_SMALL_BUDGET),
+        "fused_ranges_tp4": (fused_ranges, {}),
+        "fused_ranges_eagle_wider": (fused_ranges, EAGLE_WIDER),
         "fail_local": (creation_failure, {"where": "local"}),
         "fail_peer": (creation_failure, PEER_FAILS),
         "fail_local_mnnvl": (creation_failure, {"where": "local", "backend": "mnnvl"}),

@@ -7,8 +7,9 @@ widths.
 Scenarios run in a fresh interpreter with ``PYTHONPATH=<vLLM tree>:<FlashInfer>:
 scripts`` (see ``scripts/tpfix/replay/harness.py``).  They drive the REAL vLLM code of
 the tree under test (the compiled custom op ``call_trtllm_fused_allreduce_norm``
-and, in ``flashinfer_all_reduce``, the workspace plan ``prepare_fi_ar_workspace``
-where the tree has it, the getters and the creation) on top of the REAL
+and, in ``flashinfer_all_reduce``, the creation at load
+``init_fi_ar_fusion_workspace`` where the tree has it, the getters and the
+creation) on top of the REAL
 FlashInfer 0.6.16.post4 Python code (``allreduce_fusion``, the workspace
 classes, their size checks, ``MNNVL_ONE_SHOT_THRESHOLD``,
 ``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``).
@@ -26,15 +27,13 @@ ranks agree to every creation; no CUDA graph is captured) and the device
 * ``tensor_model_parallel_all_reduce`` raises, and the case counts an
   "unfused" call instead of a kernel launch (no tree of the series falls
   back to it; the count must stay 0).
-* The engine as ``prepare_fi_ar_workspace`` sees it when the worker has
-  loaded the models (patch 0002 on): a configuration object carrying only
-  the fields it reads (target and draft width, a draft model as the
-  drafter, dtype, ``max_num_batched_tokens``, compilation mode
-  VLLM_COMPILE, a real ``PassConfig`` with the fusion on) and, where it
-  takes the loaded model, ``engine.model_stand_in()``, whose backbone is
-  marked compiled as ``@support_torch_compile`` marks it.
-  On trees without it (pristine v0.27.1) the first op call creates the
-  workspace with its own shape, as there.
+* The engine as ``init_fi_ar_fusion_workspace`` sees it when the worker
+  has loaded the models (the series' sizing patch on): a configuration
+  object carrying only the fields it reads (target and draft width, a draft
+  model as the drafter, dtype, ``max_num_batched_tokens``, compilation mode
+  VLLM_COMPILE, a real ``PassConfig`` with the fusion on).  On trees
+  without it (pristine) the first op call creates the workspace with its
+  own shape, as there.
 * vLLM's compiled ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``.
 """
 
@@ -50,13 +49,13 @@ from tpfix.replay.device import (
     setup_recording,
     simulate_cuda_platform,
 )
-from tpfix.replay.engine import model_stand_in
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the
 # planned width, so AUTO can pick one-shot beyond the buffer (at allocation
-# granularity 1; see MIB2).  Used by tests/test_bug_b.py and the Scenario:
-# field of the patch that fixes it (0005).
+# granularity 1; see MIB2).  Used by tests/test_bug_b.py: no patch of the
+# series changes it (FlashInfer's AUTO decides on MNNVL), and with a 2 MiB
+# granularity it fits.
 NARROW_DRAFT = {
     "backend": "mnnvl",
     "capability": 90,
@@ -100,15 +99,15 @@ class _Unfused(Exception):
 
 
 def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None):
-    """Plan and create the workspace the tree's way.
+    """Create the workspace the tree's way.
 
-    Returns ``(per-width max_token_num passed to the op, planned workspace
-    shape or None)``.  Each model's pass bakes its own ``max_token_num`` (the
-    pass formula, ``PassConfig.ar_fusion_max_tokens`` where the tree has it).
-    From patch 0002 on the worker, once the models are loaded, calls the
-    REAL ``prepare_fi_ar_workspace`` with the engine (module docstring),
-    which plans the shape and creates the workspace; without it (pristine
-    v0.27.1) the first op call creates it with its own shape.
+    Returns ``(per-width max_token_num passed to the op, the workspace shape
+    created at load or None)``.  Each model's pass bakes its own
+    ``max_token_num`` (the pass formula at its own width).  With the series
+    the worker, once the models are loaded, calls the REAL
+    ``init_fi_ar_fusion_workspace`` with the engine (module docstring), which
+    creates the workspace in the shape of ``fi_ar_workspace_shape``; without
+    it (pristine) the first op call creates it with its own shape.
     """
     vfi = recording["vfi"]
     from vllm.config.compilation import PassConfig
@@ -117,16 +116,10 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     max_size = pass_config.flashinfer_max_size(tp)
     if max_size is None:
         return None, None
-    tokens = getattr(PassConfig, "ar_fusion_max_tokens", None)
-    if tokens is None:  # before patch 0002: the pass's own formula
-        per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
-    else:
-        per_width = {h: tokens(max_size, limit, h, dtype.itemsize) for h in widths}
+    per_width = {h: min(max_size // (h * dtype.itemsize), limit) for h in widths}
     recording["tp_group"].world_size = tp
-    if not hasattr(vfi, "prepare_fi_ar_workspace"):
+    if not hasattr(vfi, "init_fi_ar_fusion_workspace"):
         return per_width, None
-
-    import inspect
 
     from vllm.config import CompilationMode
 
@@ -137,6 +130,7 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
     spec = None
     if len(widths) > 1:
         spec = types.SimpleNamespace(
+            target_model_config=target,
             draft_model_config=_model(widths[1]),
             uses_draft_model=lambda: True,  # a draft model (method="draft_model")
         )
@@ -148,13 +142,9 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
         ),
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=limit),
     )
-    # the worker's call: (vllm_config, loaded model) or (vllm_config)
-    if len(inspect.signature(vfi.prepare_fi_ar_workspace).parameters) > 1:
-        vfi.prepare_fi_ar_workspace(cfg, model_stand_in())
-    else:
-        vfi.prepare_fi_ar_workspace(cfg)
-    shape = vfi._fi_ar_workspace_shape
-    return per_width, None if shape is None else list(shape)
+    vfi.init_fi_ar_fusion_workspace(cfg)  # the worker's call
+    shape = vfi.fi_ar_workspace_shape(cfg, max_size, tp)
+    return per_width, [shape["max_token_num"], shape["hidden_dim"]]
 
 
 def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):

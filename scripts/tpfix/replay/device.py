@@ -33,9 +33,8 @@ What is SIMULATED (there is no GPU):
   * the model runner: its ``load_model`` loads nothing; ``get_model()``
     returns a ``torch.nn.Module`` stand-in whose backbone carries
     ``do_not_compile = False``, as ``@support_torch_compile`` marks a model
-    that torch.compile will compile (no real model is built; read by trees
-    whose worker passes the loaded model to ``prepare_fi_ar_workspace``;
-    later ones decide from the configuration);
+    that torch.compile will compile (no real model is built); with a draft
+    model it creates the drafter's VllmConfig, as the drafter's load does;
   * GPU allocation: ``flashinfer.comm.create_allreduce_fusion_workspace``
     builds FlashInfer's real workspace classes with ``cls.__new__`` and sets
     their sizing attributes with FlashInfer's own formulas
@@ -558,8 +557,7 @@ def forget_fi_ar_state(fiar) -> None:
     shape, no failure latch (each where the tree under test has it)."""
     fiar.destroy_fi_ar_workspace()
     for name, value in (
-        ("_fi_ar_workspace_shape", None),  # patch 0002
-        ("_fi_ar_workspace_failed", False),  # patch 0004, v0.33.0
+        ("_fi_ar_workspace_failed", False),  # v0.33.0; v0.27.1 with its latch backport
         ("_fi_ar_quant_workspace_failed", False),
     ):
         if hasattr(fiar, name):

@@ -65,8 +65,10 @@ def engine_config(
     max_num_batched_tokens=8192,
     dtype="bfloat16",
     spec_method="draft_model",
+    fusion_max_size_mb=None,
 ):
-    """The engine's VllmConfig, as ``vllm serve`` would build it."""
+    """The engine's VllmConfig, as ``vllm serve`` would build it
+    (``fusion_max_size_mb``: ``pass_config.fi_allreduce_fusion_max_size_mb``)."""
     from vllm.config import (
         CompilationConfig,
         DeviceConfig,
@@ -105,7 +107,12 @@ def engine_config(
             max_model_len=max_model_len,
             is_encoder_decoder=False,
         ),
-        compilation_config=CompilationConfig(pass_config={"fuse_allreduce_rms": True}),
+        compilation_config=CompilationConfig(
+            pass_config={
+                "fuse_allreduce_rms": True,
+                "fi_allreduce_fusion_max_size_mb": fusion_max_size_mb,
+            }
+        ),
     )
 
 
@@ -168,17 +175,23 @@ def model_stand_in(compiled: bool = True):
 
 def load_models(vllm_config, compiled: bool = True) -> None:
     """The worker's REAL ``Worker.load_model`` (gpu_worker.py).  SIMULATED:
-    the model runner (its ``load_model`` loads nothing, ``get_model()`` is
-    ``model_stand_in()``), and the CUDA allocator settings and
+    the model runner (its ``load_model`` builds no model, ``get_model()`` is
+    ``model_stand_in()``; with a draft model it creates the drafter's
+    VllmConfig, as the drafter's ``load_model`` does before anything is
+    compiled: its ``__post_init__`` adds the drafter's fusion limit to the
+    compile ranges the models share), and the CUDA allocator settings and
     sleep mode memory pool it scopes (no-ops)."""
     from vllm.v1.worker.gpu_worker import Worker
+
+    def load_model(**kwargs):
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.uses_draft_model():
+            draft_config(vllm_config)
 
     model = model_stand_in(compiled)
     worker = Worker.__new__(Worker)
     worker.vllm_config = vllm_config
-    worker.model_runner = types.SimpleNamespace(
-        load_model=lambda **kwargs: None, get_model=lambda: model
-    )
+    worker.model_runner = types.SimpleNamespace(load_model=load_model, get_model=lambda: model)
     worker._scoped_allocator_max_split = lambda **kwargs: contextlib.nullcontext()
     worker._maybe_get_memory_pool_context = lambda tag: contextlib.nullcontext()
     worker.load_model()
