@@ -33,7 +33,7 @@ from test_index import make_wheel
 
 from tpfix import advisories, sbom, triage
 from tpfix.lines import get_line, line_names
-from tpfix.patch_format import read_series
+from tpfix.patch_format import read_patch, read_series
 from tpfix.util import ROOT, Fail
 
 ADVISORY = {
@@ -195,8 +195,14 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
                 for p in doc.metadata.component.pedigree.patches
                 if any(i.description.startswith(f"{name} ") for i in p.resolves)
             ]
+            bug = read_patch(line.patches / name).header.get("Bug")  # its Bug: header
+            defect = (
+                bug.removeprefix("https://github.com/").replace("/issues/", "#")
+                if bug
+                else f"tpfix:{name}"
+            )
             assert {(i.type.value, i.id) for i in patch.resolves} == {
-                ("defect", "vllm-project/vllm#52023"),  # its Bug: header
+                ("defect", defect),
                 ("security", "CVE-2099-0001"),
             }
 

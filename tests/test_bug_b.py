@@ -279,13 +279,14 @@ def test_property_series_fails_only_for_narrower_tensors_on_mnnvl(properties):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("granularity", list(GRANULARITIES))
-def test_property_vllm_table_on_mnnvl_unchanged_by_the_patch(properties, granularity):
+def test_property_vllm_table_on_mnnvl_fails_no_more_with_the_series(properties, granularity):
     """The table of vLLM forced on MNNVL (the seed's policy) exceeds the
-    allocation in the same cases on both trees: the series does not change
-    vLLM's table (v0.27.1 ships use_oneshot=None on MNNVL); all failures are
-    on MNNVL."""
+    allocation on both trees: the series does not change vLLM's table
+    (v0.27.1 ships use_oneshot=None on MNNVL), and its workspace, made for
+    every model at load, fails in no more cases than pristine's; all
+    failures are on MNNVL."""
     before, after = properties[(granularity, "before")], properties[(granularity, "after")]
-    assert before["policy_failing_cases"] == after["policy_failing_cases"] > 0
+    assert 0 < after["policy_failing_cases"] <= before["policy_failing_cases"], (before, after)
     assert all(ex["case"]["backend"] == "mnnvl" for ex in after["failing_examples"])
 
 

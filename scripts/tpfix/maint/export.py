@@ -555,7 +555,7 @@ def pr_description(
     lines += [
         "Duplicate-work check (AGENTS.md): to be done by the submitter before "
         "opening, e.g. `gh pr list --repo vllm-project/vllm --state open --search "
-        f'"{fixes[0][1:] if fixes else ""} in:body"`.',
+        + (f'"{fixes[0][1:]} in:body"`.' if fixes else f'"{mail.subject} in:title"`.'),
         "",
     ]
     checklist = template[template.find("---") :] if "---" in template else ""
