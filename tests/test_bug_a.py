@@ -253,8 +253,8 @@ def verdict(name: str, res: dict) -> bool | None:
             return False
         return res["call"] == {"fused": True, "max_abs_err": 0.0}
     if fn is bug_a.standalone:
-        if bug_a.check_standalone(res) is not True:
-            return bug_a.check_standalone(res)
+        if (checked := bug_a.check_standalone(res)) is not True:
+            return checked
         return len(res["kernel_calls"]) == sum(map(len, res["accepted"].values()))
     if fn is bug_a.fused_ranges:
         return bug_a.check_fused_ranges(res)

@@ -59,7 +59,7 @@ from pathlib import Path
 
 from tpfix.lines import Line, get_line, newest_line, sdist_pin
 from tpfix.patch import cached_tree, pristine_tree
-from tpfix.patch_format import Header, diff_files, parse_header, read_series, split
+from tpfix.patch_format import Header, diff_files, parse_header, read_patch, read_series, split
 from tpfix.replay.harness import patch_checks, run_check
 from tpfix.util import ROOT, Fail, cache_dir, main_wrapper
 
@@ -588,11 +588,7 @@ def export(
     cached_tree(line)
     validation = {n: validate(line, n) for n in names} if run_tests else {}
     issues = sorted(
-        {
-            i
-            for n in names
-            for i in parse_header(split((series.parent / n).read_text())[0]).get_all("Issue")
-        }
+        {i for n in names for i in read_patch(series.parent / n).header.get_all("Issue")}
     )
     for i in issues:
         if not (ISSUES / f"{i}.md").is_file():
