@@ -542,9 +542,10 @@ def _sizing_port_0_33_0(name: str) -> None:
     sizing = {p: _diff_of(PORT / name, p) for p in (ARF, FI_AR, WORKER)}
     assert any(x.startswith("+def fi_ar_workspace_shape(") for x in sizing[FI_AR])
     assert any(x.startswith("+def init_fi_ar_fusion_workspace(") for x in sizing[FI_AR])
-    assert "+            **fi_ar_workspace_shape(config, max_size, self.tp_size)," in sizing[ARF]
-    # a smaller workspace an earlier engine left is retired, not destroyed
-    assert any("_fi_ar_retired_workspaces.extend(" in x for x in sizing[FI_AR])
+    assert "+            max_token_num=max_token_num," in sizing[ARF]
+    assert any("fi_ar_workspace_shape(" in x for x in sizing[ARF] if x.startswith("+"))
+    # the lifetime (and the retired workspaces) are the next port's
+    assert not any("_fi_ar_retired_workspaces" in x for x in sizing[FI_AR])
     call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
     assert call in sizing[WORKER]
     # its cold-then-warm start at TP2 is for upstream's multi-GPU CI
@@ -566,10 +567,14 @@ def _sizing_port_0_33_0(name: str) -> None:
 
 
 def _lifetime_port_0_33_0(name: str) -> None:
-    """The pass no longer frees the workspace, the TP group's teardown does."""
+    """The pass no longer frees the workspace, the TP group's teardown does; a
+    smaller workspace an earlier engine left is retired, not destroyed."""
     lifetime = _diff_of(PORT / name, ARF) + _diff_of(PORT / name, CUDA_COMM)
     assert "-    def __del__(self) -> None:" in lifetime
     assert "+            destroy_fi_ar_workspace()" in lifetime
+    retire = _diff_of(PORT / name, FI_AR)
+    assert "+            _fi_ar_retired_workspaces.append(ws)" in retire
+    assert not any(x.startswith("-") and ".destroy()" in x for x in retire)
     assert "def __del__" not in (port_tree() / ARF).read_text()
 
 

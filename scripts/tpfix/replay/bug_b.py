@@ -143,8 +143,7 @@ def _plan(tp: int, widths: list[int], dtype, limit: int, budget_mb: float | None
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=limit),
     )
     vfi.init_fi_ar_fusion_workspace(cfg)  # the worker's call
-    shape = vfi.fi_ar_workspace_shape(cfg, max_size, tp)
-    return per_width, [shape["max_token_num"], shape["hidden_dim"]]
+    return per_width, list(vfi.fi_ar_workspace_shape(cfg, max_size, tp))
 
 
 def _required_and_allocated(workspace, tp, n, h, dtype, use_oneshot):
