@@ -207,8 +207,10 @@ FIXED_BY = {
         "capture_order_seed_000",
         "capture_order_seed_000_no_warmup",
         "capture_order_seed_001_no_warmup",
+        "two_engines",
+        "two_engines_no_teardown",
     ],
-    LIFETIME: ["drafter_collected", "two_engines", "two_engines_no_teardown"],
+    LIFETIME: ["drafter_collected"],
     AGREEMENT: [
         "fail_local",
         "fail_peer",
@@ -388,20 +390,19 @@ def test_standalone_asks_the_workspace(suite):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["two_engines", "two_engines_no_teardown"])
 def test_second_wider_engine(suite, case):
-    """Before the lifetime patch the second, wider engine finds the first
-    engine's 8192 x 2048 workspace (pristine's teardown leaves it, and the
-    first engine's pass objects are still referenced); with it, the TP
-    group's teardown releases it, or, where the groups are kept, the worker
-    retires it (its graphs may still run: not destroyed) and creates one for
-    the new engine."""
-    before, after = (suite(LIFETIME, w, case) for w in WHEN)
+    """Before the sizing patch the second, wider engine finds the first
+    engine's 8192 x 2048 workspace (pristine's teardown leaves it); from it,
+    the worker retires that workspace (its graphs may still run) and creates
+    one for the new engine; with the lifetime patch the TP group's teardown
+    releases it first."""
+    before, after = (suite(SIZING, w, case) for w in WHEN)
     assert "token_num (6553) * hidden_dim (5120) exceeds" in before["message"], before
-    for res in (after, suite(SERIES[-1], "after", case)):
-        assert res["destroyed_at_teardown"] == (1 if case == "two_engines" else 0), res
-        assert _second_engine_ok(res), res
-        assert res["created"] == [
-            {"backend": "trtllm", "max_token_num": 6553, "hidden_dim": 5120, "bytes": 536823808}
-        ]
+    assert after["destroyed_at_teardown"] == 0 and _second_engine_ok(after), after
+    last = suite(SERIES[-1], "after", case)
+    assert last["destroyed_at_teardown"] == (1 if case == "two_engines" else 0), last
+    assert last["created"] == [
+        {"backend": "trtllm", "max_token_num": 6553, "hidden_dim": 5120, "bytes": 536823808}
+    ]
 
 
 @pytest.mark.slow
