@@ -15,7 +15,9 @@ ensure_venv ci/requirements-build.txt
 case "${1:-}" in
 doctor)
     shift
-    # the replays import vLLM from source trees: its runtime requirements, once
+    # the replays import vLLM from source trees and FlashInfer: their
+    # runtime requirements, once
+    ensure_venv ci/requirements-replay.txt
     "$VENV_PY" -m tpfix.replay.install_requirements
     exec "$VENV_PY" -m tpfix.doctor "$@"
     ;;

@@ -38,7 +38,7 @@ fi
 
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
-ensure_venv ci/requirements-build.txt ci/requirements-test.txt
+ensure_venv ci/requirements-build.txt ci/requirements-replay.txt ci/requirements-test.txt
 "$VENV_PY" -m tpfix.replay.install_requirements
 
 echo "==> lint: ruff (scripts, tests), shellcheck"
