@@ -141,7 +141,7 @@ def test_seed_000_text_and_python_3_11(capsys):
     assert "FlashInfer import (stock): " + doctor.BUG_C_MESSAGE in out
     assert "FlashInfer import (patched): ok" in out
     assert bug_a.SEED_MESSAGE in out and "advice: stock vLLM v0.27.1 crashes" in out
-    assert "buffer 64 -> 80 MiB, Lamport 192 -> 240 MiB" in out
+    assert "buffer 64 MiB -> 80 MiB, Lamport 192 MiB -> 240 MiB" in out
 
 
 @pytest.mark.slow
@@ -326,3 +326,32 @@ def test_seed_000_on_v0_33_0(capsys):
     assert bug_a.SEED_MESSAGE in stock["starts"]["warm"], stock["starts"]
     assert stock["models"]["draft"]["result"] == {"warm": stock["starts"]["warm"]}
     assert not any(patched["starts"].values()), patched["starts"]
+
+
+# -- slow: where the resolved configuration fuses nothing -------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "opts, reason",
+    [
+        # vLLM turns compilation off; pass_config.fuse_allreduce_rms stays True
+        (["--enforce-eager"], "compilation mode NONE, nothing is compiled"),
+        (["-O0"], "compilation mode NONE, nothing is compiled"),
+        (["-cc.pass_config.fuse_allreduce_rms=false"], "fuse_allreduce_rms is off"),
+    ],
+    ids=["enforce-eager", "O0", "fusion-off"],
+)
+def test_no_fused_all_reduce_is_unaffected_without_a_replay(opts, reason, capsys):
+    """The seed-000 deployment, which crashes stock vLLM with fusion on, is
+    unaffected where vLLM's resolved configuration runs no fusion pass; the
+    doctor says why and claims no replay."""
+    code, report, _ = run_doctor(["--gpu", "sm90", *SEED_000_LINE, *opts], capsys)
+    assert code == doctor.EXIT_OK, report
+    assert reason in report["facts"]["no_fusion"], report["facts"]
+    assert report["verdict"] == {}
+    assert report["advice"].startswith("unaffected: no fused all-reduce: ")
+    assert "replay" not in report["advice"]
+    assert doctor.main([*SEED_000_LINE, *opts]) == doctor.EXIT_OK
+    out, _ = capsys.readouterr()
+    assert "simulated" not in out and reason in out

@@ -546,7 +546,8 @@ def _sizing_port_0_33_0(name: str) -> None:
     assert any("fi_ar_workspace_shape(" in x for x in sizing[ARF] if x.startswith("+"))
     # a smaller workspace an earlier engine left is retired, not destroyed,
     # and suspend and checkpoint cover it
-    assert any(x.startswith("+            _fi_ar_retired_workspaces.extend(") for x in sizing[FI_AR])
+    retire = "+            _fi_ar_retired_workspaces.extend("
+    assert any(x.startswith(retire) for x in sizing[FI_AR])
     assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in sizing[FI_AR]
     call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
     assert call in sizing[WORKER]

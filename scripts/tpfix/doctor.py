@@ -166,6 +166,12 @@ def _mib(ws: dict | None) -> dict | None:
     return {"buffer_mib": ws["buffer_bytes"] / MiB, "lamport_mib": ws["lamport_bytes"] / MiB}
 
 
+def _size(mib: float) -> str:
+    """A size for people: whole MiB from 10 MiB on, else one decimal
+    (80 MiB, 1.1 MiB); --json keeps the exact bytes."""
+    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB".replace(".0 MiB", " MiB")
+
+
 def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
     """One tree's verdict: per start its error; per model what it got."""
     starts = {order: _error(run[order]) for order in ("cold", "warm")}
@@ -279,7 +285,7 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
     report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
     verdict: dict[str, dict] = {}
-    if facts["tp"] > 1 and facts["fuse_allreduce_rms"]:
+    if not facts["no_fusion"]:
         kw = {
             k: facts[k]
             for k in ("target_hidden", "draft_hidden", "tp", "max_num_batched_tokens", "dtype")
@@ -301,8 +307,7 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
                     raise Fail(f"doctor: the {k} replay broke: {_error(run)}")
                 verdict[k] = _summary(run, facts, extras[k].result())
     else:
-        why = "TP = 1" if facts["tp"] <= 1 else "fuse_allreduce_rms is off for this deployment"
-        report["fusion"] = f"no fused all-reduce ({why}): bugs A and B cannot occur"
+        report["fusion"] = f"no fused all-reduce: {facts['no_fusion']}"
     report["verdict"] = verdict
     stock_fails = bool(stock_c) or any(v["failed"] for k, v in verdict.items() if k == "stock")
     patched_fails = bool(patched_c) or bool(verdict and verdict["patched"]["failed"])
@@ -316,6 +321,8 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
 
 def _advice(code: int, report: dict) -> str:
     line = report["line"]
+    if code == EXIT_OK and not report["verdict"]:  # nothing was replayed
+        return f"unaffected: {report['fusion']}; bugs A and B cannot occur."
     if code == EXIT_OK:
         return (
             f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay."
@@ -326,9 +333,9 @@ def _advice(code: int, report: dict) -> str:
         if v and v["stock"]["workspace_mib_per_rank"] and v["patched"]["workspace_mib_per_rank"]:
             s, p = v["stock"]["workspace_mib_per_rank"], v["patched"]["workspace_mib_per_rank"]
             cost = (
-                f" (all-reduce workspace per rank: buffer {s['buffer_mib']:g} -> "
-                f"{p['buffer_mib']:g} MiB, Lamport {s['lamport_mib']:g} -> "
-                f"{p['lamport_mib']:g} MiB)"
+                f" (all-reduce workspace per rank: buffer {_size(s['buffer_mib'])} -> "
+                f"{_size(p['buffer_mib'])}, Lamport {_size(s['lamport_mib'])} -> "
+                f"{_size(p['lamport_mib'])})"
             )
         return (
             f"stock vLLM {line} crashes at start-up here; the tpfix wheel of {line} fixes it{cost}."
@@ -375,12 +382,13 @@ def _text(report: dict) -> str:
             shape = f" ({ws['max_token_num']} x {ws['hidden_dim']})" if "hidden_dim" in ws else ""
             out.append(
                 f"  workspace {k}, {v[k]['workspace_start']} start{shape}: "
-                f"buffer {mib['buffer_mib']:g} MiB, Lamport {mib['lamport_mib']:g} MiB per rank"
+                f"buffer {_size(mib['buffer_mib'])}, Lamport {_size(mib['lamport_mib'])} per rank"
             )
         sweep = v[k]["starts"].get("bug_b_sweep")
         if sweep:
             out.append(f"  MNNVL sweep {k}: {sweep.get('failures')} failing token counts")
-    out.append("  " + report["simulated"])
+    if v:  # a replay ran
+        out.append("  " + report["simulated"])
     out.append(f"advice: {report['advice']}")
     return "\n".join(out)
 

@@ -127,6 +127,7 @@ def parse(
     spec = cfg.speculative_config
     dmc = getattr(spec, "draft_model_config", None) if spec else None
     return {
+        "no_fusion": _no_fusion(cfg),
         "model": cfg.model_config.model,
         "architectures": list(cfg.model_config.architectures or []),
         "target_hidden": cfg.model_config.get_hidden_size(),
@@ -139,6 +140,28 @@ def parse(
         "draft_architectures": list(dmc.architectures or []) if dmc is not None else [],
         "draft_hidden": dmc.get_hidden_size() if dmc is not None else None,
     }
+
+
+def _no_fusion(cfg) -> str | None:
+    """Why the resolved configuration runs no fused all-reduce, or None: the
+    fusion pass runs only in VLLM_COMPILE mode (not with --enforce-eager or
+    -O0), with pass_config.fuse_allreduce_rms (its default depends on the
+    platform and -O level), with torch.compile enabled, at a TP size that
+    FlashInfer's fusion supports."""
+    from vllm.config import CompilationMode
+
+    cc, tp = cfg.compilation_config, cfg.parallel_config.tensor_parallel_size
+    if tp <= 1:
+        return "TP = 1"
+    if cc.mode != CompilationMode.VLLM_COMPILE:
+        return f"compilation mode {cc.mode.name}, nothing is compiled (--enforce-eager, -O0)"
+    if os.environ.get("TORCH_COMPILE_DISABLE", "0").lower() in ("1", "true"):
+        return "TORCH_COMPILE_DISABLE is set: torch.compile runs no pass"
+    if not cc.pass_config.fuse_allreduce_rms:
+        return "pass_config.fuse_allreduce_rms is off for this deployment"
+    if cc.pass_config.flashinfer_max_size(tp) is None:
+        return f"FlashInfer's fused all-reduce has no size for TP {tp} on this GPU"
+    return None
 
 
 def _sizes(ws, dtype) -> dict[str, Any] | None:
