@@ -304,6 +304,7 @@ def test_deployment_agrees_with_the_replay(case, capsys):
         (serve("Llama-3.1-8B-Instruct", "--tensor-parallel-size", "3"),
          "must be divisible by tensor parallel size (3)"),
         (serve("Qwen3-8B", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
+        (["--", "vllm", "serve", "-tp", "2"], "no model given"),
     ],
 )  # fmt: skip
 def test_bad_serve_line_exit_3(argv, message, capsys):
@@ -312,6 +313,7 @@ def test_bad_serve_line_exit_3(argv, message, capsys):
     assert message in report["error"], report["error"]
     assert err.splitlines()[-1].startswith("error: vllm serve: "), err
     assert "Traceback" not in err and "input_value" not in err
+    assert "BadInput" not in err and err.count("vllm serve:") == 1, err
 
 
 @pytest.mark.slow

@@ -266,7 +266,10 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     )
     if "error" in facts:
         facts.pop("stderr", None)
-        raise Fail(f"vllm serve: {facts['error']}: {_vllm_message(facts['message'])}")
+        message = _vllm_message(facts["message"]).removeprefix("vllm serve: ")
+        if facts["error"] in ("BadInput", "ArgumentError"):  # said as is
+            raise Fail(f"vllm serve: {message.removeprefix('error: ')}")
+        raise Fail(f"vllm serve: {facts['error']}: {message}")
     facts["backend"] = backend
     report: dict = {
         "line": line.tag,

@@ -111,6 +111,9 @@ def parse(
         return {"error": "ArgumentError", "message": lines[-1] if lines else "bad arguments"}
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
+    elif not any(a == "--model" or a.startswith("--model=") for a in argv):
+        # vLLM would fall back to its default model, which the operator never named
+        return _bad("no model given: name it as `vllm serve MODEL ...` or with --model")
     try:  # before vLLM looks for them (it would try the Hub)
         _config_json(args.model, "model")
         draft = (args.speculative_config or {}).get("model")
