@@ -5,8 +5,10 @@
     ./build.sh doctor [--gpu sm90|sm100|sm103] [--allreduce-backend trtllm|mnnvl]
                       [--python 3.10|3.11|3.12] [--line TAG] [--json]
                       -- vllm serve MODEL [vLLM's own options]
+    ./build.sh doctor [...] --from deploy.yaml [--container NAME]
 
-No GPU, no download.  The serve line is parsed by the line's own vLLM
+No GPU.  The serve line (written after --, or read from a Kubernetes
+manifest or compose file with --from: tpfix.deployment_file) is parsed by the line's own vLLM
 (its serve argument parser, ``AsyncEngineArgs.from_cli_args`` and
 ``create_engine_config``) in a subprocess against the pristine tree; model
 and draft configurations come from a local folder or the local Hugging Face
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
+from tpfix.deployment_file import serve_line
 from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
@@ -72,6 +76,14 @@ def _args(argv: list[str]) -> argparse.Namespace:
         choices=line_names(),
         help=f"release line (default: {line_names()[0]})",
     )
+    ap.add_argument(
+        "--from",
+        dest="from_file",
+        type=Path,
+        metavar="FILE",
+        help="read the serve line and its env from a Kubernetes manifest or a compose file",
+    )
+    ap.add_argument("--container", help="with --from: the container (or service) to read")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("serve", nargs=argparse.REMAINDER, help="-- vllm serve MODEL ...")
     args = ap.parse_args(argv)
@@ -242,7 +254,16 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     requires = pin_facts(line)["requires-python"]  # the official wheel's Requires-Python
     if args.python not in SpecifierSet(requires):
         raise Fail(f"doctor: vLLM {line.tag} needs Python {requires}; pass another --python")
-    words, env = serve_argv(args.serve)
+    if args.from_file is not None:
+        if args.serve not in ([], ["--"]):
+            raise Fail("doctor: give either --from FILE or a serve line after --, not both")
+        name, words, env = serve_line(args.from_file, args.container)
+        step0 = f"{args.from_file}: container {name}: vllm serve {shlex.join(words)}"
+        progress(f"doctor: {step0}")
+    elif args.container is not None:
+        raise Fail("doctor: --container goes with --from FILE")
+    else:
+        words, env = serve_argv(args.serve)
     capability = GPUS[args.gpu]
     backend = args.allreduce_backend or env.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
     if backend not in ("trtllm", "mnnvl"):
@@ -263,6 +284,7 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
         capability=capability,
         backend=backend,
         cwd=os.getcwd(),
+        env=env,
     )
     if "error" in facts:
         facts.pop("stderr", None)

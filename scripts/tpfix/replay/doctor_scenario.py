@@ -77,12 +77,21 @@ def _parser():
 
 
 def parse(
-    argv: list[str], capability: int = 90, backend: str = "trtllm", cwd: str | None = None
+    argv: list[str],
+    capability: int = 90,
+    backend: str = "trtllm",
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The serve line's engine facts; ``cwd``: the folder the operator's
-    relative paths are relative to."""
+    relative paths are relative to; ``env``: the deployment's environment,
+    of which the ``VLLM_*`` and ``TORCH_COMPILE_DISABLE`` variables are set
+    before vLLM reads them."""
     if cwd:
         os.chdir(cwd)
+    for k, v in (env or {}).items():
+        if k.startswith("VLLM_") or k == "TORCH_COMPILE_DISABLE":
+            os.environ[k] = v
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from tpfix.replay import bug_a
