@@ -136,11 +136,15 @@ def test_seed_000(capsys):
 @pytest.mark.slow
 def test_seed_000_text_and_python_3_11(capsys):
     code = doctor.main(["--python", "3.11", *SEED_000_LINE])
-    out, _ = capsys.readouterr()
+    text, _ = capsys.readouterr()
     assert code == doctor.EXIT_FIXED
+    assert max(map(len, text.splitlines())) <= doctor.WIDTH, text
+    assert "simulated GPU" in text and "BadInput" not in text and " at 0x" not in text
+    out = " ".join(text.split())  # the message as one line, wherever it wrapped
     assert "FlashInfer import (stock): " + doctor.BUG_C_MESSAGE in out
     assert "FlashInfer import (patched): ok" in out
-    assert bug_a.SEED_MESSAGE in out and "advice: stock vLLM v0.27.1 crashes" in out
+    assert " ".join(bug_a.SEED_MESSAGE.split()) in out
+    assert "advice: stock vLLM v0.27.1 crashes" in out
     assert "buffer 64 MiB -> 80 MiB, Lamport 192 MiB -> 240 MiB" in out
 
 
@@ -357,3 +361,19 @@ def test_no_fused_all_reduce_is_unaffected_without_a_replay(opts, reason, capsys
     assert doctor.main([*SEED_000_LINE, *opts]) == doctor.EXIT_OK
     out, _ = capsys.readouterr()
     assert "simulated" not in out and reason in out
+
+
+@pytest.mark.slow
+def test_lost_fusion_is_a_finding(capsys):
+    """v0.33.0 bounds every model's fused tokens by the widest model (vllm#52193):
+    SM90 TP4 (2 MiB), target 2048 / draft 2560, the target fuses up to 409
+    tokens on stock and up to its own 512 with the patched wheel."""
+    argv = ["--line", "v0.33.0", *serve("Qwen3-30B-A3B", "-tp", "4", *spec("Qwen3-4B"))]
+    code, report, _ = run_doctor(argv, capsys)
+    assert code == doctor.EXIT_FIXED  # the draft's warm start crashes stock: unchanged
+    assert report["lost_fusion"] == [
+        {"model": "target", "stock": "1-409", "patched": "1-409, 410-512"}
+    ]
+    doctor.main(argv)
+    out = capsys.readouterr()[0]
+    assert "  lost fusion: stock fuses tokens 1-409 of the target, the patched wheel" in out

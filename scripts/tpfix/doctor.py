@@ -31,6 +31,7 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +56,11 @@ SIMULATED = (
     "vLLM configuration, worker, fusion pass and fused op code and FlashInfer's Python "
     "checks; bug C by reading FlashInfer's source"
 )
+SIMULATED_SHORT = (
+    "replayed with the line's real vLLM and FlashInfer checks on a simulated GPU, TP group "
+    "and kernels (--json: what exactly)"
+)
+WIDTH = 100  # the text output's lines
 BUG_C_MESSAGE = "TypeError: type 'array.array' is not subscriptable"
 EXIT_OK, EXIT_FIXED, EXIT_STILL, EXIT_BAD = 0, 1, 2, 3
 MiB = 1024 * 1024
@@ -200,6 +206,10 @@ def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
             "hidden": facts[f"{model}_hidden"],
             "result": errors or None,
             "fused_tokens": _ranges(run["warm"], model),
+            "fused_up_to": max(
+                (b for _, b in (run["warm"].get("fused_ranges") or {}).get(model) or []),
+                default=0,
+            ),
             "oneshot_max_tokens": run["warm"].get("oneshot_max_tokens", {}).get(model),
         }
     start = "warm" if run["warm"].get("workspace") else "cold"
@@ -334,6 +344,12 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     else:
         report["fusion"] = f"no fused all-reduce: {facts['no_fusion']}"
     report["verdict"] = verdict
+    report["lost_fusion"] = [
+        {"model": m, "stock": s["fused_tokens"], "patched": p["fused_tokens"]}
+        for m, s in (verdict.get("stock") or {}).get("models", {}).items()
+        if (p := verdict["patched"]["models"][m])["fused_up_to"] > s["fused_up_to"]
+        and not s["result"]
+    ]
     stock_fails = bool(stock_c) or any(v["failed"] for k, v in verdict.items() if k == "stock")
     patched_fails = bool(patched_c) or bool(verdict and verdict["patched"]["failed"])
     code = EXIT_STILL if patched_fails else EXIT_FIXED if stock_fails else EXIT_OK
@@ -401,6 +417,12 @@ def _text(report: dict) -> str:
                 f"             fused tokens {m['fused_tokens']}; one-shot up to "
                 f"{m['oneshot_max_tokens']} tokens, two-shot above"
             )
+    for lost in report.get("lost_fusion") or []:
+        stock = "no tokens" if lost["stock"] == "none" else f"tokens {lost['stock']}"
+        out.append(
+            f"  lost fusion: stock fuses {stock} of the {lost['model']}, "
+            f"the patched wheel {lost['patched']}"
+        )
     for k in v:
         ws, mib = v[k]["workspace"], v[k]["workspace_mib_per_rank"]
         if mib:
@@ -413,9 +435,17 @@ def _text(report: dict) -> str:
         if sweep:
             out.append(f"  MNNVL sweep {k}: {sweep.get('failures')} failing token counts")
     if v:  # a replay ran
-        out.append("  " + report["simulated"])
+        out.append("  " + SIMULATED_SHORT)
     out.append(f"advice: {report['advice']}")
-    return "\n".join(out)
+    return "\n".join(_wrap(line) for line in out)
+
+
+def _wrap(line: str) -> str:
+    """A line of at most WIDTH characters, continued under its own indent."""
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(
+        line, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
