@@ -544,11 +544,7 @@ def _sizing_port_0_33_0(name: str) -> None:
     assert any(x.startswith("+def init_fi_ar_fusion_workspace(") for x in sizing[FI_AR])
     assert "+            max_token_num=rows," in sizing[ARF]
     assert any("fi_ar_workspace_shape(" in x for x in sizing[ARF] if x.startswith("+"))
-    # a smaller workspace an earlier engine left is retired, not destroyed,
-    # and suspend and checkpoint cover it
-    retire = "+            _fi_ar_retired_workspaces.extend("
-    assert any(x.startswith(retire) for x in sizing[FI_AR])
-    assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in sizing[FI_AR]
+    assert not any("_fi_ar_retired_workspaces" in x for x in sizing[FI_AR])  # lifetime's
     call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
     assert call in sizing[WORKER]
     # its cold-then-warm start at TP2 is for upstream's multi-GPU CI
@@ -574,6 +570,11 @@ def _lifetime_port_0_33_0(name: str) -> None:
     lifetime = _diff_of(PORT / name, ARF) + _diff_of(PORT / name, CUDA_COMM)
     assert "-    def __del__(self) -> None:" in lifetime
     assert "+            destroy_fi_ar_workspace()" in lifetime
+    # with no __del__, a smaller workspace an earlier engine left is retired at
+    # load, not destroyed, and suspend and checkpoint cover it
+    retire = _diff_of(PORT / name, FI_AR)
+    assert "+            _fi_ar_retired_workspaces.append(ws)" in retire
+    assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in retire
     assert "def __del__" not in (port_tree() / ARF).read_text()
 
 
