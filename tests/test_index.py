@@ -19,6 +19,8 @@ import html.parser
 import http.server
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -342,3 +344,72 @@ def test_pip_upgrades_to_the_next_revision_through_the_index(tmp_path):
     write_index(dist, [first, make_wheel(dist, new, requires=())])  # N+1 published
     pip("--upgrade", "vllm")
     assert installed() == f"{new} {new}"
+
+
+def readme_install_commands() -> tuple[dict[str, str], list[str]]:
+    """The README's install-from-index block: its variables and its commands,
+    as written (continuation lines joined, comments dropped)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("<!-- install-from-index:begin -->")[1]
+    code = block.split("<!-- install-from-index:end -->")[0].split("```sh")[1].split("```")[0]
+    variables, commands = {}, []
+    for line in code.replace("\\\n", " ").splitlines():
+        line = line.split(" #")[0].strip()
+        if re.fullmatch(r"[A-Z_]+=\S+", line):
+            k, _, v = line.partition("=")
+            variables[k] = v
+        elif line:
+            commands.append(line)
+    return variables, commands
+
+
+@pytest.mark.slow  # two servers, pip and uv, fresh venvs
+def test_documented_install_commands_never_pick_upstream(tmp_path):
+    """The README's pip and uv commands, run as written in a fresh venv, with
+    INDEX serving our dist/ and DEPS a second local index that holds what an
+    upstream index does: the line's bare release and a newer one.  Each
+    installs our revision, and the next revision once it is published."""
+    import venv
+
+    public = get_line().tag[1:]
+    variables, commands = readme_install_commands()
+    assert set(variables) == {"INDEX", "DEPS"}
+    assert [c.split(" --")[0] for c in commands] == ["pip install", "uv pip install"]
+    for command in commands:
+        assert command.endswith(f"'vllm=={public}'"), command
+    dist, deps = tmp_path / "dist", tmp_path / "deps"
+    ours = [make_wheel(dist, f"{public}+tpfix.4", requires=())]
+    write_index(dist, ours)
+    upstream = [make_wheel(deps, v, requires=()) for v in (public, "99.0.0")]
+    write_index(deps, upstream)
+    uv = Path(sys.executable).parent / "uv"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    clean.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
+    with _Server(dist) as index, _Server(deps) as dep_index:
+        for n, command in enumerate(commands):
+            env_dir = tmp_path / f"venv{n}"
+            venv.create(env_dir, with_pip=command.startswith("pip "))
+            env = dict(clean, VIRTUAL_ENV=str(env_dir), PATH=f"{env_dir}/bin:{clean['PATH']}")
+            env.update(INDEX=f"{index.url}/simple", DEPS=f"{dep_index.url}/simple")
+            env.update(UV_CACHE_DIR=str(tmp_path / "uv-cache"), PIP_NO_CACHE_DIR="1")
+            text = command
+            for k in ("INDEX", "DEPS"):  # what the shell does with the README's variables
+                text = text.replace(f"${k}", env[k])
+            argv = shlex.split(text)
+            argv = [str(uv) if argv[0] == "uv" else str(env_dir / "bin" / "pip"), *argv[1:]]
+
+            def install(argv=argv, env=env, env_dir=env_dir) -> str:
+                proc = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=300)
+                assert proc.returncode == 0, (argv, proc.stdout + proc.stderr)
+                code = "import importlib.metadata as m; print(m.version('vllm'))"
+                out = subprocess.run(
+                    [str(env_dir / "bin" / "python"), "-c", code], text=True, capture_output=True
+                )
+                return out.stdout.strip()
+
+            assert install() == f"{public}+tpfix.4", command
+            ours.append(make_wheel(dist, f"{public}+tpfix.5", requires=()))
+            write_index(dist, ours)  # the next revision published
+            assert install() == f"{public}+tpfix.5", command
+            ours.pop().unlink()
+            write_index(dist, ours)
