@@ -5,7 +5,7 @@
 # working directory; same Python environment except what the series re-pins).
 #
 # Build it with  ./build.sh --image  (or python -m tpfix.image once dist/ holds the
-# wheel): scripts/tpfix/image.py stages the build context, .dist-image/context/ beside dist/:
+# wheel): scripts/tpfix/image.py stages the build context under build/dists/ (outside dist/):
 #   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced, and its line
 #                                     of dist/SHA256SUMS (the only entry copied)
 #   wheels/*.whl + wheels/SHA256SUMS  requirements the series re-pins (from pins/)
@@ -13,7 +13,7 @@
 # and passes the labels' values.  Reproducible: it also passes one fixed
 # SOURCE_DATE_EPOCH (buildah --timestamp, BuildKit's SOURCE_DATE_EPOCH build
 # argument), so two builds of one commit give the same layer and config.
-# See README.md, "Container image".
+# See docs/image.md.
 # No defaults for the base and the tag: python -m tpfix.image passes the line's
 # (vllm/vllm-openai:<tag>), so that VERSION stays the one place naming a tag.
 ARG BASE_IMAGE

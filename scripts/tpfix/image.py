@@ -7,10 +7,10 @@
     python -m tpfix.image --measure             # + our layer vs a plain reinstall
     ./build.sh --image [same options]             # the wheel, then the image
 
-Stages the build context in .<dist>-image/context/ beside dist/ (the wheel and its
-SHA256SUMS line from dist/, hash-pinned wheels of the requirements the series re-pins, the
-in-build steps scripts/tpfix/image_inside.py), then builds the Dockerfile with
-docker (buildx) where an engine answers, otherwise daemonless with buildah or
+Stages the build context in build/dists/<dist>-<hash>/image/context/, outside dist/
+(the wheel and its SHA256SUMS line from dist/, hash-pinned wheels of the requirements
+the series re-pins, the in-build steps scripts/tpfix/image_inside.py), then builds the
+Dockerfile with docker (buildx) where an engine answers, otherwise daemonless with buildah or
 podman (--isolation chroot) and writes a loadable docker-archive to
 dist/image/<name>.tar.  The wheel is checked against SHA256SUMS inside the
 build; a missing wheel or a mismatch stops it with a message.  SHA256SUMS may
@@ -313,12 +313,6 @@ def inspect(eng: Engine, ref: str) -> dict:
         return {"config": d[0]["Config"], "layers": []}
     manifest = json.loads(d["Manifest"])
     return {"config": d["OCIv1"]["config"], "layers": [x["size"] for x in manifest["layers"]]}
-
-
-def image_exists(eng: Engine, ref: str) -> bool:
-    if eng.name == "buildah":
-        return run([eng.exe, "inspect", "--type", "image", ref]).returncode == 0
-    return run([eng.exe, "image", "inspect", ref]).returncode == 0
 
 
 def save_archive(eng: Engine, ref: str, out: Path) -> Path:
