@@ -377,3 +377,13 @@ def test_lost_fusion_is_a_finding(capsys):
     doctor.main(argv)
     out = capsys.readouterr()[0]
     assert "  lost fusion: stock fuses tokens 1-409 of the target, the patched wheel" in out
+
+
+@pytest.mark.slow
+def test_quantization_is_said_not_replayed(capsys):
+    """An FP8 deployment: what is not modelled (the quantized fused patterns)
+    is said in one line instead of being ignored."""
+    code, report, _ = run_doctor([*SEED_000_LINE, "--quantization", "fp8"], capsys)
+    assert report["facts"]["quantization"] == "fp8", report["facts"]
+    assert "not replayed" in report["quantized"], report
+    assert code in (doctor.EXIT_FIXED, doctor.EXIT_OK)

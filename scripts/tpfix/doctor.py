@@ -317,6 +317,11 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
             f"dtype {facts['dtype']}: the starts are replayed with 2-byte (bfloat16) "
             "activations, so sizes and verdicts are those of a 16-bit deployment"
         )
+    if facts.get("quantization") and not facts["no_fusion"]:
+        report["quantized"] = (
+            f"quantization {facts['quantization']}: its quantized fused patterns (the quant "
+            "workspace) are not replayed; the verdict is the unquantized fusion's"
+        )
     stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
     report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
     verdict: dict[str, dict] = {}
@@ -402,7 +407,7 @@ def _text(report: dict) -> str:
     if report.get("bug_c"):
         for k in ("stock", "patched"):
             out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
-    for key in ("fusion", "note"):
+    for key in ("fusion", "note", "quantized"):
         if report.get(key):
             out.append("  " + report[key])
     v = report["verdict"]

@@ -140,6 +140,7 @@ def parse(
     dmc = getattr(spec, "draft_model_config", None) if spec else None
     return {
         "no_fusion": _no_fusion(cfg),
+        "quantization": cfg.model_config.quantization,
         "model": cfg.model_config.model,
         "architectures": list(cfg.model_config.architectures or []),
         "target_hidden": cfg.model_config.get_hidden_size(),
