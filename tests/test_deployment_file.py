@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tpfix import doctor
-from tpfix.deployment_file import serve_line
+from tpfix.deployment_file import Container, serve_line, serve_of
 from tpfix.util import Fail
 
 FILES = Path(__file__).resolve().parent / "fixtures" / "deployments"
@@ -110,3 +110,22 @@ def test_doctor_from_compose_with_compilation_off(capsys):
     report = json.loads(capsys.readouterr()[0])
     assert code == doctor.EXIT_OK, report
     assert "nothing is compiled" in report["facts"]["no_fusion"], report["facts"]
+
+
+@pytest.mark.parametrize(
+    "image, official",
+    [
+        ("vllm/vllm-openai:v0.27.1", True),
+        ("docker.io/vllm/vllm-openai@sha256:" + "0" * 64, True),
+        ("registry.local:5000/vllm/vllm-openai", True),  # a port, not a tag
+        ("registry.local:5000/vllm/vllm-openai:v0.27.1-tpfix.8", True),
+        ("vllm-openai:v0.27.1-tpfix.8", True),
+        ("lmcache/vllm-openai-extra:latest", False),
+        ("python:3.12", False),
+    ],
+)
+def test_official_image_names(image, official):
+    """With no command of its own, the official image's container runs
+    `vllm serve` with its args (its entrypoint)."""
+    c = Container(name="c", image=image, command=["m", "-tp", "2"])
+    assert (serve_of(c) is not None) is official

@@ -25,6 +25,7 @@ serve arguments.  Everything else is left out.  With several vLLM containers,
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from tpfix.util import Fail
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 SHELLS = ("sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash")
-SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # VAR=value before a command
 OFFICIAL_IMAGES = ("vllm/vllm-openai", "vllm-openai")
 
 
@@ -141,20 +142,26 @@ def containers(path: Path) -> list[Container]:
 
 
 def _official(image: str) -> bool:
-    repo = image.rsplit("@", 1)[0].rsplit(":", 1)[0] if "/" in image or ":" in image else image
+    repo = image.split("@", 1)[0]
+    if ":" in repo.rsplit("/", 1)[-1]:  # a tag, not a registry's port
+        repo = repo.rsplit(":", 1)[0]
     return any(repo == o or repo.endswith("/" + o) for o in OFFICIAL_IMAGES)
+
+
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The VAR=value words a shell sets before a command, and the rest."""
+    env, i = {}, 0
+    while i < len(words) and ENV_WORD.match(words[i]):
+        k, _, v = words[i].partition("=")
+        env[k] = v
+        i += 1
+    return env, words[i:]
 
 
 def _serve_in(words: list[str]) -> tuple[list[str], dict[str, str]] | None:
     """(serve arguments, VAR=value set before it) where `words` start vLLM's
     server, else None."""
-    env = {}
-    i = 0
-    while i < len(words) and "=" in words[i] and not words[i].startswith("-"):
-        k, _, v = words[i].partition("=")
-        env[k] = v
-        i += 1
-    words = words[i:]
+    env, words = split_env(words)
     if words[:1] == ["exec"]:
         words = words[1:]
     if len(words) >= 2 and Path(words[0]).name == "vllm" and words[1] == "serve":
@@ -174,7 +181,7 @@ def _script_serve(script: str) -> tuple[list[str], dict[str, str]] | None:
     lexer.whitespace_split = True
     command: list[str] = []
     for token in [*lexer, ";"]:
-        if token in SHELL_OPERATORS or set(token) <= set(";&|"):
+        if token and set(token) <= set(";&|"):  # &&, ||, ;, |, &
             if command and (found := _serve_in(command)):
                 return found
             command = []
@@ -206,14 +213,10 @@ def serve_line(path: Path, container: str | None) -> tuple[str, list[str], dict[
     vllm = [(c, s) for c in every if (s := serve_of(c)) is not None]
     if container is not None:
         vllm = [(c, s) for c, s in vllm if c.name == container]
-        if not vllm:
-            names = ", ".join(c.name for c in every) or "none"
-            raise Fail(
-                f"--from {path}: no container {container!r} runs vllm serve (containers: {names})"
-            )
     if not vllm:
+        which = "container" if container is None else f"container {container!r}"
         names = ", ".join(c.name for c in every) or "none"
-        raise Fail(f"--from {path}: no container runs vllm serve (containers: {names})")
+        raise Fail(f"--from {path}: no {which} runs vllm serve (containers: {names})")
     if len(vllm) > 1:
         names = ", ".join(c.name for c, _ in vllm)
         raise Fail(f"--from {path}: several vLLM containers ({names}); pick one with --container")

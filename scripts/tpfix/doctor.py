@@ -38,7 +38,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from tpfix.deployment_file import serve_line
+from tpfix.deployment_file import serve_line, split_env
 from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
@@ -104,10 +104,7 @@ def serve_argv(words: list[str]) -> tuple[list[str], dict[str, str]]:
     """The options after `vllm serve`, and the VAR=value words before it."""
     if words[:1] == ["--"]:
         words = words[1:]
-    env = {}
-    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
-        k, _, v = words.pop(0).partition("=")
-        env[k] = v
+    env, words = split_env(words)
     if words[:2] != ["vllm", "serve"]:
         raise Fail(
             "doctor: give the serve line after --, as written: "
