@@ -186,7 +186,9 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
         "bump v0.27.1"
     ) in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not dist.exists() or not any(dist.iterdir())
+    # nothing left behind: no dist folder, no state folder (lock) under build/dists/
+    assert not dist.exists()
+    assert not (repo / "build" / "dists").exists() or not any((repo / "build" / "dists").iterdir())
     assert not any(cache.glob("sha256/*/*")), "nothing is downloaded for a wrong line"
 
 

@@ -30,7 +30,7 @@ from test_index import make_wheel
 
 from tpfix import package, pipeline
 from tpfix.lines import get_line
-from tpfix.util import Fail
+from tpfix.util import ROOT, Fail
 
 
 def _mount(target: Path, *args: str) -> None:
@@ -107,6 +107,39 @@ def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
     (dist / "keep.txt").write_text("not ours to remove")
     pipeline.clear_staging(dist)
     assert sorted(p.name for p in dist.iterdir()) == ["keep.txt"]
+
+
+_KILLED_AT_THE_RENAME = """
+import os, signal, sys
+from pathlib import Path
+from tpfix import package
+os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)  # kill -9 at the rename
+package.write_sums(Path(sys.argv[1]), [Path(sys.argv[2])])
+"""
+
+
+def test_a_write_killed_at_its_rename_leaves_nothing_after_the_next_build(tmp_path: Path):
+    """A kill -9 between writing SHA256SUMS's temporary file and renaming it
+    (a real SIGKILL in a child): the next build's clear_staging removes the
+    temporary file, in dist/ and in the folders SHA256SUMS lists."""
+    dist = tmp_path / "dist"
+    (dist / "image").mkdir(parents=True)
+    (dist / "keep.txt").write_text("published")
+    (dist / "image" / "a.json").write_text("{}")
+    package.write_sums(dist, [Path("keep.txt"), Path("image/a.json")])
+    sums = (dist / "SHA256SUMS").read_text()
+    for folder, name in ((dist, "keep.txt"), (dist / "image", "a.json")):
+        proc = subprocess.run(
+            [sys.executable, "-c", _KILLED_AT_THE_RENAME, str(folder), name],
+            env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")),
+        )
+        assert proc.returncode == -signal.SIGKILL
+    left = sorted(p.relative_to(dist).as_posix() for p in dist.rglob(".*partial-*"))
+    assert [p.split(".partial-")[0] for p in left] == [".SHA256SUMS", "image/.SHA256SUMS"]
+    pipeline.clear_staging(dist)
+    assert not list(dist.rglob(".*partial-*"))
+    assert (dist / "SHA256SUMS").read_text() == sums  # the published files stay
+    assert sorted(p.name for p in dist.rglob("*")) == ["SHA256SUMS", "a.json", "image", "keep.txt"]
 
 
 # A build from another checkout (or an older tpfix): its lock file is not in
@@ -196,6 +229,7 @@ def test_too_little_space_is_refused_before_any_download(repo: Path, tmp_path: P
         assert "0.01 GB free" in line
         assert f"{pipeline.SPACE_CHECK_ENV}=0" in line
         assert str(tmp_path / "work") not in line  # that one has room
+        assert not dist.exists()  # a failed pre-check leaves no folder it created
         # the operator's override: past the check, to the first download
         proc = _run(
             repo,
@@ -211,7 +245,9 @@ def test_too_little_space_is_refused_before_any_download(repo: Path, tmp_path: P
         assert proc.returncode == 2, proc.stderr
         assert "not enough free space" not in proc.stderr
         assert "vllm==0.27.1 is not available" in proc.stderr
-        assert os.listdir(dist) == []  # its staging folder is gone again
+        # its staging folder is gone again, and so is the dist folder it created
+        assert not dist.exists()
+        assert not any((repo / "build" / "dists").glob("dist-*"))
 
 
 def _fill(path: Path) -> None:
@@ -246,6 +282,40 @@ def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: P
         assert not list(dist.glob(".staging-*"))
 
 
+def test_a_full_dist_during_setup_py_names_the_dist_file_system(tmp_path: Path, monkeypatch):
+    """setup.py (a stand-in: it fills the output folder, inside dist's staging,
+    and says only "No space left on device", as setuptools may) on a full
+    dist file system: the error names a file on dist's file system, not the
+    work tree, while the tree's file system has room."""
+    from tpfix import build
+
+    tree, work = tmp_path / "work" / "tree.x", tmp_path / "work"
+    tree.mkdir(parents=True)
+
+    def setup_py(cmd, **kwargs):
+        # cmd: python -c _SETUP plat OUT cuda; unbuffered: nothing left to flush
+        part = Path(cmd[4]) / "vllm.whl.part"
+        with open(part, "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        return subprocess.CompletedProcess(cmd, 1, "", "error: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(build, "run", setup_py)
+    with _tmpfs(tmp_path / "dist", "4m") as dist:
+        with (
+            pytest.raises(Fail) as e,
+            pipeline.space_errors(work, dist),
+            pipeline.staged(dist) as staging,
+        ):
+            official = tmp_path / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+            build.build_wheel(
+                tree, "0.27.1+tpfix.3", official, "x86_64", staging, 1, work / "log", "12.9"
+            )
+        msg = str(e.value)
+        assert msg.startswith(f"no space left on device writing {dist}/"), msg
+        assert str(tree) not in msg
+
+
 @pytest.mark.slow  # downloads (the pinned sdist and wheel), patches and starts setup.py
 def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
     """Past the up-front check (skipped), the tree and setup.py's output fill
@@ -271,7 +341,7 @@ def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path
             f"work folder {work}: a build needs {need} on the file system at {small}" in (errors[0])
         )
         assert not list(work.glob("tree.*"))
-        assert os.listdir(tmp_path / "dist") == []
+        assert not (tmp_path / "dist").exists()  # the empty dist it created is gone too
 
 
 @pytest.mark.slow  # downloads the pinned sdist (pip)
@@ -367,6 +437,12 @@ def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
     proc = subprocess.run([*cmd, "--signature-only"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "signature OK (signature only: no artifact checked)" in proc.stdout
+    # a missing or unreadable --artifact: one line naming it, no traceback
+    for bad in (tmp_path / "nope.whl", tmp_path):
+        proc = subprocess.run([*cmd, "--artifact", str(bad)], capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr and "signature OK" not in proc.stdout
+        assert f"--artifact {bad}: cannot read it" in proc.stderr, proc.stderr
 
 
 def _clean_python(tmp_path: Path) -> Path:

@@ -221,7 +221,13 @@ def verify(envelope: Path, public_key: Path, artifact: Path | None = None) -> di
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
         raise Fail(f"{envelope}: not an in-toto v1 statement with a SLSA v1 provenance")
     if artifact is not None:
-        digest = sha256_file(artifact)
+        try:
+            digest = sha256_file(artifact)
+        except OSError as e:  # missing, a folder, unreadable
+            raise Fail(
+                f"--artifact {artifact}: cannot read it ({e.strerror}); give the file "
+                f"the provenance is about (e.g. the wheel beside {envelope.name})"
+            ) from None
         subjects = [s["digest"].get("sha256") for s in stmt["subject"]]
         if digest not in subjects:
             raise Fail(f"{artifact} (sha256 {digest}) is not the subject of {envelope}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import tarfile
 import tempfile
@@ -52,6 +53,11 @@ def source_date_epoch(sdist: Path) -> int:
     raise Fail(f"{sdist.name}: no PKG-INFO to take SOURCE_DATE_EPOCH from")
 
 
+def _free(folder: Path) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
 def build_wheel(
     tree: Path,
     version: str,
@@ -80,8 +86,13 @@ def build_wheel(
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0 and "No space left on device" in proc.stdout + proc.stderr:
-            # A full disk, not a build error: the pipeline names the file system.
-            raise OSError(errno.ENOSPC, "No space left on device", str(tree))
+            # A full disk, not a build error: the pipeline names the file system,
+            # the one of the file setup.py names, else the fuller of the two it
+            # writes to (the tree's build/ and out_dir), while both still hold
+            # what it wrote.
+            named = re.search(r"No space left on device: '([^']+)'", proc.stdout + proc.stderr)
+            full = named.group(1) if named else min((tree, out_dir), key=_free)
+            raise OSError(errno.ENOSPC, "No space left on device", str(full))
         if proc.returncode != 0:
             tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             raise Fail(f"setup.py bdist_wheel failed (full log: {log}):\n  {tail}")

@@ -55,10 +55,18 @@ from tpfix.lines import (
     line_names,
     read_version,
 )
-from tpfix.package import describe, publish
+from tpfix.package import describe, listed, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
-from tpfix.util import Fail, add_sign_arg, host_arch, main_wrapper, shown, sigterm_as_interrupt
+from tpfix.util import (
+    PARTIAL,
+    Fail,
+    add_sign_arg,
+    host_arch,
+    main_wrapper,
+    shown,
+    sigterm_as_interrupt,
+)
 from tpfix.verify import verify_wheel
 from tpfix.worklock import dist_lock, workdir_lock
 
@@ -201,10 +209,18 @@ def writable_folder(folder: Path, what: str, fix: str) -> None:
 
 def clear_staging(dist: Path) -> None:
     """Remove what killed builds staged in `dist` (the caller holds its lock):
-    staging folders, and an old index a publish killed between its two renames
-    left (package.publish: dist/.<folder>.old)."""
+    staging folders, an old index a publish killed between its two renames
+    left (package.publish: dist/.<folder>.old), and the temporary file of a
+    write killed before its rename (util.write_atomic: SHA256SUMS, the
+    image's files), in dist/ and the folders SHA256SUMS lists files in."""
     for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
         shutil.rmtree(stale, ignore_errors=True)
+    folders = {dist}
+    with contextlib.suppress(Fail):  # an unreadable SHA256SUMS: the build rewrites it
+        folders |= {dist / rel.parent for rel in listed(dist)}
+    for folder in folders:
+        for partial in folder.glob(f".*{PARTIAL}*"):
+            partial.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -68,13 +68,18 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# The temporary file of write_atomic, `.<name>.partial-<random>`: a kill
+# before its rename leaves it (the next build's pipeline.clear_staging removes it).
+PARTIAL = ".partial-"
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write `path` atomically (a temporary file beside it, then os.replace):
     a reader sees the old file or the new one, never part of it."""
     import tempfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)

@@ -184,5 +184,18 @@ def dist_lock(
     dist/ holds published files only), then the folder itself."""
     dist = dist.resolve()
     what = f"dist folder {dist}"
-    with hold(dist_state(dist) / "lock", what, fix), hold_folder(dist, what, fix):
-        yield
+    state = dist_state(dist)
+    created = [p for p in (dist, state) if not p.exists()]
+    with hold(state / "lock", what, fix), hold_folder(dist, what, fix):
+        try:
+            yield
+        finally:
+            # A build that published nothing (a failed pre-check) leaves no
+            # folder it created: an empty dist/, its state folder with the lock.
+            with contextlib.suppress(OSError):
+                if dist in created:
+                    dist.rmdir()  # only if empty
+                if state in created and not dist.exists():
+                    if [p.name for p in state.iterdir()] == ["lock"]:
+                        (state / "lock").unlink()
+                    state.rmdir()
