@@ -203,8 +203,8 @@ def verify(envelope: Path, public_key: Path, artifact: Path | None = None) -> di
     artifact, that it is the statement's subject; returns the statement."""
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
     from securesystemslib.dsse import Envelope
-    from securesystemslib.exceptions import VerificationError
-    from securesystemslib.signer import SSlibKey
+    from securesystemslib.exceptions import UnverifiedSignatureError, VerificationError
+    from securesystemslib.signer import Signature, SSlibKey
 
     try:
         env = Envelope.from_dict(json.loads(envelope.read_text()))
@@ -213,10 +213,14 @@ def verify(envelope: Path, public_key: Path, artifact: Path | None = None) -> di
         raise Fail(f"cannot read {envelope} or {public_key}: {e}") from None
     if env.payload_type != PAYLOAD_TYPE:
         raise Fail(f"{envelope}: payload type {env.payload_type!r}, expected {PAYLOAD_TYPE}")
-    try:
-        env.verify([key], 1)
-    except VerificationError as e:
-        raise Fail(f"{envelope}: signature does not verify with {public_key}: {e}") from None
+    # A signature's keyid is an unauthenticated hint (DSSE; securesystemslib's
+    # Envelope.verify skips signatures whose keyid differs): check each with the key.
+    for sig in env.signatures.values():
+        with contextlib.suppress(UnverifiedSignatureError, VerificationError):
+            key.verify_signature(Signature(key.keyid, sig.signature), env.pae())
+            break
+    else:
+        raise Fail(f"{envelope}: no signature verifies with {public_key}")
     stmt = json.loads(env.payload)
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
         raise Fail(f"{envelope}: not an in-toto v1 statement with a SLSA v1 provenance")

@@ -9,7 +9,9 @@ ENVELOPE is a DSSE envelope (`<artifact>.intoto.jsonl`) over an in-toto v1
 statement with a SLSA v1 provenance; PUBLIC.pem the signer's public key
 (ed25519, ECDSA or RSA, PEM).  Exit 0 only when a signature of the envelope
 verifies with the key AND FILE's sha256 is a subject of the statement; any
-other outcome exits 1 with one `error:` line.  Requires Python 3.8+ and
+other outcome exits 2 with one `error:` line, as tpfix.attest verify does.
+A signature's `keyid` is an unauthenticated hint (DSSE): every signature is
+checked with the key, whatever keyid it names.  Requires Python 3.8+ and
 `pip install cryptography`; nothing of the vllm-tpfix repository.
 
 The build ships this file as dist/verify.py (tpfix/dist_verify.py in the
@@ -130,7 +132,7 @@ def main():
         stmt = verify(args.envelope, args.key, args.artifact)
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2)
     names = ", ".join(s.get("name", "?") for s in stmt["subject"])
     print(f"OK: {args.artifact} is the signed subject of {args.envelope} ({names})")
 
