@@ -109,8 +109,7 @@ def _named(spec: str) -> str | None:
 
 # The fixes the facts of the v0.33.0 rebase name (REPORT_FACTS, PORT_FACTS),
 # by the scenario each shows: None where the source series has no such patch.
-SIZING = _named("bug_a:warm_start")  # bug A: created at load for every model
-LIFETIME = _named("bug_a:drafter_pass_collected")  # bug A: lives with the TP group
+SIZING = _named("bug_a:warm_start")  # bug A: created at load, lives with the TP group
 AGREEMENT = _named("bug_a:creation_failure")  # bug A: all ranks agree on creation
 RANGES = _named("bug_a:fused_ranges")  # each model keeps its fused range
 STANDALONE = _named("bug_a:standalone")  # the standalone all-reduce asks (vllm#50932)
@@ -284,47 +283,36 @@ def _standalone_absorbed_0_33_0(report: dict, rec: dict) -> None:
 
 
 def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The sizing patch conflicts on its own (no earlier patch left behind):
+    """The bug-A patch conflicts on its own (no earlier patch left behind):
     vllm#52193 sizes the pass's workspace with `self.workspace_hidden_dim`
-    where the patch replaces the pass's own width, and
-    flashinfer_all_reduce.py's imports moved (the per-group `_node_count`
-    where the patch adds `get_tp_group` next to `get_node_count`).  The
-    worker and test hunks merge.  The warm-start check is red on pristine
-    v0.33.0 (the seed's ValueError): not absorbed."""
+    where the patch replaces the pass's own width; flashinfer_all_reduce.py's
+    imports moved (the per-group `_node_count` where the patch adds
+    `get_tp_group` next to `get_node_count`); v0.33.0's
+    CudaCommunicator.destroy() tears down the PCIe IPC all-reduce where the
+    patch releases the workspace.  The worker and test hunks merge.  Both
+    checks are red on pristine v0.33.0: the warm start (the seed's
+    ValueError), and the drafter's collected pass, whose __del__ v0.33.0
+    still has, destroys the workspace: not absorbed."""
     assert rec["status"] == "conflicts", rec["detail"]
     assert rec["after_uncarried"] == {}
-    assert set(_conflict_hunks(rec)) == {ARF, FI_AR}
-    assert set(rec["merge_conflicts"]) == {ARF, FI_AR}
+    assert set(_conflict_hunks(rec)) == {ARF, FI_AR, CUDA_COMM}
+    assert set(rec["merge_conflicts"]) == {ARF, FI_AR, CUDA_COMM}
     assert "self.workspace_hidden_dim" in _upstream_side(report, rec["name"], ARF)
     assert "import _node_count" in _upstream_side(report, rec["name"], FI_AR)
+    assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, rec["name"], CUDA_COMM)
     for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
         assert "<<<<<<< target tag" in _merged(report, rec["name"], path)
-    (check,) = rec["checks"]
-    assert check["spec"] == "bug_a:warm_start"
-    assert check["target"]["passed"] is False
-    assert check["target"]["result"]["error"] == "ValueError"
-    assert SEED_A in check["target"]["result"]["message"]
-    assert "pinned_before" not in check  # red on the target: no need to look back
-
-
-def _lifetime_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """It builds on the sizing patch (its test file is not in v0.33.0), and
-    also conflicts on its own: v0.33.0's CudaCommunicator.destroy() tears
-    down the PCIe IPC all-reduce where the patch releases the workspace.
-    v0.33.0 still has AllReduceFusionPass.__del__: the drafter's collected
-    pass destroys the workspace (red)."""
-    assert rec["status"] == "conflicts", rec["detail"]
-    assert list(rec["after_uncarried"]) == [SIZING]
-    hunks = _conflict_hunks(rec)
-    assert [h["header"] for h in hunks[WS_TEST]] == ["missing in the target tag"]
-    assert set(rec["merge_conflicts"]) == {WS_TEST, ARF, CUDA_COMM}
-    assert CUDA_COMM not in rec["after_uncarried"][SIZING]  # a conflict of its own
-    assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, rec["name"], CUDA_COMM)
-    (check,) = rec["checks"]
-    assert check["spec"] == "bug_a:drafter_pass_collected"
-    result = check["target"]["result"]
-    assert check["target"]["passed"] is False, result
+    warm, collected = rec["checks"]
+    assert warm["spec"] == "bug_a:warm_start"
+    assert warm["target"]["passed"] is False
+    assert warm["target"]["result"]["error"] == "ValueError"
+    assert SEED_A in warm["target"]["result"]["message"]
+    assert collected["spec"] == "bug_a:drafter_pass_collected"
+    result = collected["target"]["result"]
+    assert collected["target"]["passed"] is False, result
     assert result["destroyed"] >= 1 and result["alive_after_gc"] is False, result
+    for check in rec["checks"]:  # red on the target: no need to look back
+        assert "pinned_before" not in check
 
 
 def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
@@ -333,7 +321,7 @@ def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
     attempts creation once but decides per rank: with a peer's creation
     failing, this rank keeps its workspace (red)."""
     assert rec["status"] == "conflicts", rec["detail"]
-    assert list(rec["after_uncarried"]) == [SIZING, LIFETIME]
+    assert list(rec["after_uncarried"]) == [SIZING]
     assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
     upstream = _upstream_side(report, rec["name"], FI_AR)
     assert "_fi_ar_workspace_failed = True" in upstream
@@ -351,10 +339,10 @@ def _ranges_conflicts_0_33_0(report: dict, rec: dict) -> None:
     """The v0.27.1 patch adds the width helper that v0.33.0 has from
     vllm#52193 (`_fused_ar_workspace_hidden_dim`, widest for every config
     with a draft): that conflicts; the rest builds on the three bug A
-    patches.  With an EAGLE-3 head wider than the target, pristine v0.33.0
+    patch and the agreement.  With an EAGLE-3 head wider than the target, pristine v0.33.0
     fuses no token for either model (red)."""
     assert rec["status"] == "conflicts", rec["detail"]
-    assert list(rec["after_uncarried"]) == [SIZING, LIFETIME, AGREEMENT]
+    assert list(rec["after_uncarried"]) == [SIZING, AGREEMENT]
     assert set(rec["merge_conflicts"]) == {WS_TEST, ARF}
     assert "def _fused_ar_workspace_hidden_dim(" in _upstream_side(report, rec["name"], ARF)
     (check,) = rec["checks"]
@@ -371,8 +359,7 @@ REPORT_FACTS: dict[str, dict[str, Callable[[dict, dict], None]]] = {
     "v0.33.0": {
         "bug_c:import_flashinfer_all_reduce": _pin_absorbed_0_33_0,
         "bug_a:standalone": _standalone_absorbed_0_33_0,
-        "bug_a:warm_start": _sizing_conflicts_0_33_0,
-        "bug_a:drafter_pass_collected": _lifetime_conflicts_0_33_0,
+        "bug_a:warm_start": _sizing_conflicts_0_33_0,  # and bug_a:drafter_pass_collected
         "bug_a:creation_failure": _agreement_conflicts_0_33_0,
         "bug_a:fused_ranges": _ranges_conflicts_0_33_0,
     },
@@ -534,7 +521,9 @@ def _sizing_port_0_33_0(name: str) -> None:
     the GPU worker creates the workspace once the model runner has loaded
     the models (warm starts: no fusion pass; no creation in CUDA graph
     capture).  vllm#52193 fixed the cold start with a wider draft upstream;
-    the port keeps it fixed."""
+    the port keeps it fixed.  The pass no longer frees the workspace, the TP
+    group's teardown does; a smaller workspace an earlier engine left is
+    retired at load, not destroyed, and suspend and checkpoint cover it."""
     for other in PORTED:  # upstream's helper and its tests are kept
         text = (PORT / other).read_text()
         assert "-def _fused_ar_workspace_hidden_dim(" not in text, other
@@ -544,7 +533,12 @@ def _sizing_port_0_33_0(name: str) -> None:
     assert any(x.startswith("+def init_fi_ar_fusion_workspace(") for x in sizing[FI_AR])
     assert "+            max_token_num=rows," in sizing[ARF]
     assert any("fi_ar_workspace_shape(" in x for x in sizing[ARF] if x.startswith("+"))
-    assert not any("_fi_ar_retired_workspaces" in x for x in sizing[FI_AR])  # lifetime's
+    lifetime = sizing[ARF] + _diff_of(PORT / name, CUDA_COMM)
+    assert "-    def __del__(self) -> None:" in lifetime
+    assert "+            destroy_fi_ar_workspace()" in lifetime
+    assert "+            _fi_ar_retired_workspaces.append(ws)" in sizing[FI_AR]
+    assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in sizing[FI_AR]
+    assert "def __del__" not in (port_tree() / ARF).read_text()
     call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
     assert call in sizing[WORKER]
     # its cold-then-warm start at TP2 is for upstream's multi-GPU CI
@@ -563,19 +557,6 @@ def _sizing_port_0_33_0(name: str) -> None:
         assert "error" not in res, res
         ws = res["workspaces"]["_fi_ar_workspace"]
         assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
-
-
-def _lifetime_port_0_33_0(name: str) -> None:
-    """The pass no longer frees the workspace, the TP group's teardown does."""
-    lifetime = _diff_of(PORT / name, ARF) + _diff_of(PORT / name, CUDA_COMM)
-    assert "-    def __del__(self) -> None:" in lifetime
-    assert "+            destroy_fi_ar_workspace()" in lifetime
-    # with no __del__, a smaller workspace an earlier engine left is retired at
-    # load, not destroyed, and suspend and checkpoint cover it
-    retire = _diff_of(PORT / name, FI_AR)
-    assert "+            _fi_ar_retired_workspaces.append(ws)" in retire
-    assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in retire
-    assert "def __del__" not in (port_tree() / ARF).read_text()
 
 
 def _agreement_port_0_33_0(name: str) -> None:
@@ -600,8 +581,7 @@ def _ranges_port_0_33_0(name: str) -> None:
 # checked when the tag is the newest.
 PORT_FACTS: dict[str, dict[str, Callable[[str], None]]] = {
     "v0.33.0": {
-        "bug_a:warm_start": _sizing_port_0_33_0,
-        "bug_a:drafter_pass_collected": _lifetime_port_0_33_0,
+        "bug_a:warm_start": _sizing_port_0_33_0,  # and bug_a:drafter_pass_collected
         "bug_a:creation_failure": _agreement_port_0_33_0,
         "bug_a:fused_ranges": _ranges_port_0_33_0,
     },
