@@ -63,15 +63,24 @@ def keypair(folder: Path, password: bytes | None = None) -> tuple[Path, Path]:
     return priv, pub
 
 
-def publish_small(tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None = None):
-    """The package stage on a tiny wheel: returns (dist, wheel, sdist, official)."""
+def publish_small(
+    tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None = None, arch: str | None = None
+):
+    """The package stage on a tiny wheel: returns (dist, wheel, sdist, official).
+    With `arch`, the wheel is named for it as ./build.sh --arch names ours, and
+    published beside the other arch's wheel of its version, as the pipeline does."""
     staging, dist = tmp / "staging", tmp / "dist"
     wheel = make_wheel(staging, version)
+    if arch is not None:
+        wheel = wheel.rename(staging / f"vllm-{version}-cp38-abi3-manylinux_2_28_{arch}.whl")
     sdist, official = tmp / "vllm-0.27.1.tar.gz", tmp / "vllm-0.27.1-py3-none-any.whl"
     sdist.write_bytes(b"stand-in for the pinned sdist")
     official.write_bytes(b"stand-in for the official wheel")
     signer = attest.load_signer(key) if key else None
-    extras = package.describe(wheel, get_line(), sdist, official, "x86_64", "1700000000", signer)
+    others = [dist / p for p in package.other_arches(dist, wheel)]
+    extras = package.describe(
+        wheel, get_line(), sdist, official, arch or "x86_64", "1700000000", signer, others
+    )
     final = package.publish(wheel, dist, extras)
     return dist, final, sdist, official
 

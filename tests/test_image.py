@@ -457,6 +457,45 @@ def _sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0
     return folder
 
 
+@pytest.mark.parametrize("engine", ["buildah", "podman", "docker"])
+def test_the_engine_is_told_the_wheels_platform(engine):
+    """The image is built for its wheel's arch, on any host: each engine gets
+    --platform (an aarch64 wheel must not land in an amd64 base)."""
+    eng = image.Engine(engine, f"/usr/bin/{engine}")
+    for arch, platform in (("aarch64", "linux/arm64"), ("x86_64", "linux/amd64")):
+        cmd = image.build_cmd(eng, image.DOCKERFILE, Path("ctx"), "t", {}, 1, arch)
+        assert cmd[cmd.index("--platform") + 1] == platform
+        assert cmd[-1] == "ctx"
+
+
+def test_another_arch_without_an_emulator_stops_before_any_download(tmp_path, monkeypatch):
+    """./build.sh --image --arch <the other arch> on a host that cannot run its
+    binaries (no enabled qemu binfmt entry): one error naming the fix, before
+    anything is fetched.  The host and /proc/sys/fs/binfmt_misc are simulated."""
+    from tpfix import pipeline
+
+    other = "aarch64" if host_arch() == "x86_64" else "x86_64"
+    monkeypatch.setattr(image, "BINFMT", tmp_path)
+    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
+    argv = ["pipeline", "--image", "--arch", other, "--dist", str(tmp_path / "dist")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
+    with pytest.raises(Fail) as e:
+        pipeline.main()
+    msg = str(e.value)
+    assert f"an image for {image.PLATFORMS[other]} ({other}) runs the base image's python3" in msg
+    assert f"{tmp_path / image.EMULATORS[other]} is missing or disabled" in msg
+    assert "apt-get install qemu-user-static binfmt-support" in msg
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
+    # a disabled entry is no better; an enabled one (or the host's arch) passes
+    entry = tmp_path / image.EMULATORS[other]
+    entry.write_text("disabled\ninterpreter /usr/bin/qemu\n")
+    with pytest.raises(Fail, match="is missing or disabled"):
+        image.check_platform(other)
+    entry.write_text("enabled\ninterpreter /usr/bin/qemu\n")
+    image.check_platform(other)
+    image.check_platform(host_arch())
+
+
 def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
     """find_wheel (host) and image_inside.check_wheel (in the build) pick the one
     top-level vllm-*.whl line among SBOM, provenance and index entries; none, two,
@@ -663,6 +702,8 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     root = doc["metadata"]["component"]
     assert root["type"] == "container"
     assert root["hashes"][0]["content"] == inv["image"]["config_digest"].removeprefix("sha256:")
+    platform = image.PLATFORMS[host_arch()]  # the wheel's arch, given to the engine
+    assert {"name": "tpfix:platform", "value": platform} in root["properties"]
     comps = {c["bom-ref"]: c for c in doc["components"]}
     (base_c,) = [c for c in comps.values() if c["type"] == "container"]
     repo, tag = base.rsplit(":", 1)  # localhost/vllm-standin-base:<key>
@@ -688,6 +729,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     assert stmt["subject"] == [
         {"name": built.ref, "digest": {"sha256": inv["image"]["config_digest"][7:]}}
     ]
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"]["platform"] == platform
     resolved = stmt["predicate"]["buildDefinition"]["resolvedDependencies"]
     deps = {d["name"]: d["digest"]["sha256"] for d in resolved}
     assert deps[base] == inv["base"]["digest"][7:] and deps[wheel.name] == digest

@@ -46,6 +46,45 @@ def test_package_stage_is_byte_reproducible(tmp_path: Path):
     assert (a / "SHA256SUMS").read_bytes() == (b / "SHA256SUMS").read_bytes()
 
 
+@pytest.mark.slow  # package stages (about a second each)
+def test_both_arches_share_one_dist_and_one_index(tmp_path: Path):
+    """./build.sh and ./build.sh --arch aarch64 into one dist: the second
+    keeps the first's wheel and files (same version), SHA256SUMS and simple/
+    list both; a newer revision of one arch removes the older version's of
+    both.  The package stage's real code on tiny wheels named per arch."""
+    version, newer = "0.27.1+tpfix.3", "0.27.1+tpfix.4"
+    dist, x86, _, _ = publish_small(tmp_path / "x86", version, arch="x86_64")
+    _, arm, _, _ = publish_small(tmp_path / "x86", version, arch="aarch64")
+    assert x86.parent == arm.parent == dist
+    both = [x86.name, arm.name]
+    files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
+    expected = [*both, *(w + s for w in both for s in SIDE), "SHA256SUMS"]
+    expected += ["simple/index.html", "simple/vllm/index.html"]
+    assert files == sorted(expected)
+    assert sorted(sums(dist)) == sorted(set(expected) - {"SHA256SUMS"})
+    check_sums(dist)
+    page = (dist / "simple" / "vllm" / "index.html").read_text()
+    assert all(f"../../{w}#sha256={sha(dist / w)}" in page for w in both), page
+    # each arch's wheel is found by its arch; with both there, "the" wheel is ambiguous
+    assert package.find_wheel(dist, "aarch64") == (arm, sha(arm))
+    assert package.find_wheel(dist, "x86_64") == (x86, sha(x86))
+    with pytest.raises(Fail, match=r"lists 2 vllm wheels \(vllm-\*\.whl\), expected exactly one"):
+        package.find_wheel(dist)
+    # rebuilding one arch at the same version keeps the other
+    publish_small(tmp_path / "x86", version, arch="x86_64")
+    assert sorted(sums(dist)) == sorted(set(expected) - {"SHA256SUMS"})
+    # a newer revision: the older version's files of both arches go
+    _, x86_new, _, _ = publish_small(tmp_path / "x86", newer, arch="x86_64")
+    files = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file())
+    assert files == sorted(
+        [x86_new.name, *(x86_new.name + s for s in SIDE), "SHA256SUMS"]
+        + ["simple/index.html", "simple/vllm/index.html"]
+    )
+    with pytest.raises(Fail, match=r"lists 0 vllm wheels \(vllm-\*\.whl\) for aarch64"):
+        package.find_wheel(dist, "aarch64")
+    check_sums(dist)
+
+
 def test_a_missing_tool_is_named_before_any_download(monkeypatch):
     from tpfix import pipeline
 

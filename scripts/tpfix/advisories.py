@@ -442,12 +442,15 @@ def main() -> None:
     what.add_argument("--image", type=Path, help="audit the environment an image's SBOM lists")
     ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
     ap.add_argument("--service", default="pypi", choices=["pypi", "osv"])
+    ap.add_argument(
+        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
+    )
     ap.add_argument("--osv-url", help="an OSV-compatible API (with --service osv)")
     args = ap.parse_args()
     line = get_line(args.line)
     dist = (args.dist or line.dist).resolve()
     with dist_lock(dist, "audit another folder: --dist DIR"):
-        wheel, _ = find_wheel(dist)
+        wheel, _ = find_wheel(dist, args.arch)
         arch = wheel_arch(wheel)
         tgt = target(line, arch)
         bom_path = dist / f"{wheel.name}.cdx.json"

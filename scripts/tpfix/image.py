@@ -65,6 +65,7 @@ from tpfix.util import (
     ROOT,
     Fail,
     add_sign_arg,
+    host_arch,
     main_wrapper,
     public_url,
     revision,
@@ -93,20 +94,22 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def release_in(dist: Path, line: Line) -> Release:
-    """The release a dist folder holds: its one wheel, which must be the line's
-    VERSION, and that wheel's inputs (fetched, verified, from the cache)."""
+def release_in(dist: Path, line: Line, arch: str | None = None) -> Release:
+    """The release a dist folder holds: its wheel for `arch` (None: its only
+    one), which must be the line's VERSION, and that wheel's inputs (fetched,
+    verified, from the cache)."""
     from tpfix.build import source_date_epoch
     from tpfix.fetch import fetch_sdist, fetch_wheel
 
     version = read_version(line.version_file)
-    wheel, _ = find_wheel(dist)
+    wheel, _ = find_wheel(dist, arch)
     if wheel.name.split("-")[1] != version:
         raise Fail(
             f"{wheel} is not version {version} ({shown(line.version_file)}): rerun "
             f"./build.sh --line {line.tag}"
         )
     arch = wheel_arch(wheel)
+    check_platform(arch)  # before any download
     sdist = fetch_sdist(line.tag)
     return Release(
         line, version, wheel, sdist, fetch_wheel(arch, line.tag), arch, source_date_epoch(sdist)
@@ -164,7 +167,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
     line, version = release.line, release.version
-    wheel, digest = find_wheel(release.dist)
+    wheel, digest = find_wheel(release.dist, release.arch)
     if wheel != release.wheel:
         raise Fail(f"{release.dist / 'SHA256SUMS'} names {wheel.name}, not {release.wheel.name}")
     if ctx.exists():
@@ -173,7 +176,8 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     _link_or_copy(wheel, ctx / "dist" / wheel.name)
     # Only the wheel's line: the other files SHA256SUMS lists (SBOM, provenance,
     # index pages) stay out of the context and so out of the build.
-    (ctx / "dist" / "SHA256SUMS").write_text(wheel_entry(release.dist / "SHA256SUMS")[2] + "\n")
+    entry = wheel_entry(release.dist / "SHA256SUMS", release.arch)[2]
+    (ctx / "dist" / "SHA256SUMS").write_text(entry + "\n")
     shutil.copy2(INSIDE, ctx / "image_inside.py")
     pins = repins(wheel, release.official)
     if pins:
@@ -237,6 +241,34 @@ def detect_engine(prefer: str = "auto") -> Engine:
     )
 
 
+# The OCI platform of each official arch: what the engine builds for.
+PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+# binfmt_misc entries (qemu-user-static, binfmt-support) that run another arch's
+# binaries: the base image's python3 runs in the build (image_inside.py).
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+EMULATORS = {"x86_64": "qemu-x86_64", "aarch64": "qemu-aarch64"}
+
+
+def check_platform(arch: str) -> None:
+    """Stop before any download when this host cannot run `arch`'s binaries,
+    which the image build does (the base image's python3): a host of that
+    arch, or one with its qemu binfmt entry enabled."""
+    if arch == host_arch():
+        return
+    entry = BINFMT / EMULATORS[arch]
+    try:
+        enabled = entry.read_text().splitlines()[0] == "enabled"
+    except (OSError, IndexError):
+        enabled = False
+    if not enabled:
+        raise Fail(
+            f"an image for {PLATFORMS[arch]} ({arch}) runs the base image's python3 in "
+            f"the build, and this {host_arch()} host cannot run {arch} binaries "
+            f"({entry} is missing or disabled): register the emulator (Debian: apt-get "
+            f"install qemu-user-static binfmt-support), or build the image on an {arch} host"
+        )
+
+
 def build_cmd(
     eng: Engine,
     dockerfile: Path,
@@ -244,9 +276,11 @@ def build_cmd(
     tag: str,
     args: dict[str, str],
     epoch: int | None = None,
+    arch: str | None = None,
 ) -> list[str]:
-    """The build command; with `epoch`, a reproducible one (every timestamp is
-    `epoch`, no build-host identity)."""
+    """The build command for `arch`'s platform (None: the engine's default);
+    with `epoch`, a reproducible one (every timestamp is `epoch`, no
+    build-host identity)."""
     args = dict(args)
     if eng.name == "docker":
         if not eng.buildx:
@@ -264,6 +298,8 @@ def build_cmd(
     if eng.daemonless and CA_BUNDLE.exists():
         # pip inside a chroot build (FlashInfer's index) needs the host's CAs.
         cmd += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
+    if arch is not None:
+        cmd += ["--platform", PLATFORMS[arch]]
     cmd += ["-f", str(dockerfile), "-t", tag]
     for k, v in args.items():
         cmd += ["--build-arg", f"{k}={v}"]
@@ -465,7 +501,7 @@ def build_image(
     epoch = release.epoch
     _step(f"image: build {tag} on {base} ({eng.name}, SOURCE_DATE_EPOCH={epoch})")
     t0 = time.monotonic()
-    cmd = build_cmd(eng, DOCKERFILE, ctx, tag, args, epoch)
+    cmd = build_cmd(eng, DOCKERFILE, ctx, tag, args, epoch, release.arch)
     out = run_build(eng, cmd, ctx.parent / "image.log")
     seconds = time.monotonic() - t0
     for said in out.splitlines():
@@ -497,7 +533,8 @@ def describe_image(
     version = release.version
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     wheel_c = sbom.wheel_component(wheel, line, sdist, official)
-    bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name)
+    platform = PLATFORMS[release.arch]
+    bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
     folder = Path("image")
     texts = {folder / f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]
@@ -513,6 +550,7 @@ def describe_image(
         "command": attest.build_command(),
         "line": line.tag,
         "base": base,
+        "platform": platform,
         "version": version,
         "flashinfer index": public_url(flashinfer_index),
     }
@@ -608,6 +646,9 @@ def main() -> None:
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
     add_image_args(ap)
     add_sign_arg(ap)
+    ap.add_argument(
+        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
+    )
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
     from tpfix.attest import signing_key
@@ -617,7 +658,7 @@ def main() -> None:
     args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
-        built = image_from_args(args, release_in(args.dist, line))
+        built = image_from_args(args, release_in(args.dist, line, args.arch))
     if args.measure:
         sizes = measure(built, args.base or line.official_image)
         print(f"layers added to the base: {sizes.pop('layers added')}")

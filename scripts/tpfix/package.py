@@ -17,7 +17,9 @@ the staging folder is inside dist/, on its file system; simple/ by renaming
 the folder), then writes SHA256SUMS
 (atomically too), then removes what the old SHA256SUMS listed and the new
 one does not (an older wheel's files, the image files of an older wheel)
-and any other vllm-* file.  So every file in dist/ is always whole, old
+and any other vllm-* file.  The wheel of the same version for the other
+arch (./build.sh --arch aarch64 into the same dist) stays, with its files:
+SHA256SUMS and simple/ list both arches.  So every file in dist/ is always whole, old
 bytes or new, never part of either; SHA256SUMS changes only once all it
 lists is in place.  A run killed between two moves leaves a mix of old and
 new files, which `sha256sum -c SHA256SUMS` reports; the next build replaces
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from tpfix.lines import Line, read_version
 from tpfix.util import Fail, sha256_file, write_atomic
+from tpfix.wheelfile import wheel_arch
 
 SUMS = "SHA256SUMS"
 VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance
@@ -46,9 +49,12 @@ def describe(
     arch: str,
     epoch: int,
     signer=None,
+    others: list[Path] = (),
 ) -> list[Path]:
     """Write the SBOM, provenance (signed by `signer`, attest.signing_key) and
-    index beside the staged `wheel`; returns them, relative to its folder."""
+    index beside the staged `wheel`; returns them, relative to its folder.
+    The index also lists `others`, the wheels of the other arches that stay
+    in dist/ (other_arches), linked into the staging folder for it."""
     from tpfix import attest, index, sbom
 
     staging = wheel.parent
@@ -83,7 +89,13 @@ def describe(
         # Whoever receives dist/ alone can check the envelope without this repository.
         shutil.copyfile(Path(__file__).with_name("dist_verify.py"), staging / VERIFY)
         out.append(Path(VERIFY))
-    out += index.write_index(staging, [wheel])
+    for other in others:
+        try:
+            os.link(other, staging / other.name)  # staging is on dist's file system
+        except OSError:
+            shutil.copy2(other, staging / other.name)
+        out.append(Path(other.name))
+    out += index.write_index(staging, [wheel, *(staging / o.name for o in others)])
     return out
 
 
@@ -126,25 +138,29 @@ def read_sums(sums: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def wheel_entry(sums: Path) -> tuple[str, str, str]:
-    """The one top-level vllm-*.whl entry of SHA256SUMS: (name, sha256, line)."""
+def wheel_entry(sums: Path, arch: str | None = None) -> tuple[str, str, str]:
+    """The top-level vllm-*.whl entry of SHA256SUMS for `arch` (None: the only
+    one there is): (name, sha256, line).  A dist holds one wheel per arch."""
     entries = read_sums(sums)
     wheels = [e for e in entries if _WHEEL_NAME.match(e[0])]
-    if len(wheels) != 1:
+    mine = [e for e in wheels if arch is None or wheel_arch(Path(e[0])) == arch]
+    if len(mine) != 1:
         listed = ", ".join(e[0] for e in wheels) or f"none among {len(entries)} entries"
-        raise Fail(
-            f"{sums} lists {len(wheels)} vllm wheels (vllm-*.whl), expected exactly one "
-            f"({listed}); rerun ./build.sh"
-        )
-    return wheels[0]
+        what = "vllm wheels (vllm-*.whl)" + (f" for {arch}" if arch else "")
+        fix = f"rerun ./build.sh --arch {arch}" if arch else "rerun ./build.sh"
+        if arch is None and len(mine) > 1:
+            fix = "one per arch: give --arch x86_64 or --arch aarch64"
+        raise Fail(f"{sums} lists {len(mine)} {what}, expected exactly one ({listed}); {fix}")
+    return mine[0]
 
 
-def find_wheel(dist: Path) -> tuple[Path, str]:
-    """The wheel SHA256SUMS names and its sha256 (the in-build check repeats this)."""
+def find_wheel(dist: Path, arch: str | None = None) -> tuple[Path, str]:
+    """The wheel SHA256SUMS names for `arch` (None: its only wheel) and its
+    sha256 (the in-build check repeats this)."""
     sums = dist / "SHA256SUMS"
     if not sums.exists():
         raise Fail(f"{sums} is missing: build the wheel first (./build.sh)")
-    name, digest, _ = wheel_entry(sums)
+    name, digest, _ = wheel_entry(sums, arch)
     if not (dist / name).exists():
         raise Fail(f"{dist / name} (listed in {sums}) is missing: rerun ./build.sh")
     return dist / name, digest
@@ -156,11 +172,29 @@ def listed(dist: Path) -> list[Path]:
     return [Path(e[0]) for e in read_sums(sums)] if sums.exists() else []
 
 
+def other_arches(dist: Path, wheel: Path) -> list[Path]:
+    """The wheels of `wheel`'s version for the other arches that dist/SHA256SUMS
+    lists (relative to dist): published beside it, one index for all."""
+    version = wheel.name.split("-")[1]
+    return [
+        p
+        for p in listed(dist)
+        if _WHEEL_NAME.match(p.as_posix())
+        and p.name.split("-")[1] == version
+        and wheel_arch(p) != wheel_arch(wheel)
+        and (dist / p).is_file()
+    ]
+
+
 def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
-    """Move the staged wheel and its `extras` (relative to its folder) into dist/."""
+    """Move the staged wheel and its `extras` (relative to its folder) into
+    dist/; the files of the other arches' wheels of its version stay (its
+    extras index them: describe), an older version's go."""
     staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
     before = set(listed(dist))
+    others = {p.name for p in extras if p.suffix == ".whl"}
+    kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
     final = dist / wheel.name
     os.replace(wheel, final)
     tops = {Path(p.parts[0]) for p in extras}
@@ -175,11 +209,11 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(src, dest)
-    now = [Path(final.name), *extras]
+    now = sorted({Path(final.name), *extras, *kept})
     write_sums(dist, now)
     for rel in before - set(now):
         (dist / rel).unlink(missing_ok=True)
-    keep = {final.name, *(str(t) for t in tops)}
+    keep = {final.name, *(str(t) for t in tops), *(p.name for p in kept)}
     for old in dist.glob("vllm-*"):
         if old.name not in keep and old.is_file():
             old.unlink()

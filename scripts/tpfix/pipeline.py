@@ -55,7 +55,7 @@ from tpfix.lines import (
     line_names,
     read_version,
 )
-from tpfix.package import describe, listed, publish
+from tpfix.package import describe, listed, other_arches, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
 from tpfix.util import (
@@ -328,7 +328,8 @@ def _build(
                 "(nothing was written to dist/):\n  " + "\n  ".join(problems)
             )
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
-        extras = describe(wheel, line, sdist, official, arch, epoch, signer)
+        others = [dist / p for p in other_arches(dist, wheel)]
+        extras = describe(wheel, line, sdist, official, arch, epoch, signer, others)
         _step(f"package into {dist}")
         final = publish(wheel, dist, extras)
     finally:
@@ -337,7 +338,8 @@ def _build(
 
 
 def main() -> None:
-    from tpfix.image import add_image_args, image_from_args  # the optional image stage
+    # the optional image stage
+    from tpfix.image import add_image_args, check_platform, image_from_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
@@ -356,6 +358,8 @@ def main() -> None:
     add_image_args(ap)
     args = ap.parse_args()
     check_tools()
+    if args.image:
+        check_platform(args.arch)  # before any download
     from tpfix.attest import signing_key
 
     signer = args.signer = signing_key(args.sign_key)

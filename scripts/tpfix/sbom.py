@@ -477,11 +477,18 @@ def _oci_purl(ref: str, digest: str) -> PackageURL:
 
 
 def image_bom(
-    inventory: dict, wheel: Component, epoch: str | int, version: str, tag: str, stem: str
+    inventory: dict,
+    wheel: Component,
+    epoch: str | int,
+    version: str,
+    tag: str,
+    stem: str,
+    platform: str | None = None,
 ) -> Bom:
     """The image's SBOM (<stem>.cdx.json) from tpfix.image.image_inventory() and
-    the wheel's component.  The image itself is named by its config digest
-    (the image ID): the manifest digest exists only once it is pushed."""
+    the wheel's component; `platform` (e.g. linux/arm64) as a property of the
+    image.  The image itself is named by its config digest (the image ID):
+    the manifest digest exists only once it is pushed."""
     img = inventory["image"]
     config = img["config_digest"].removeprefix("sha256:")
     root = Component(
@@ -493,7 +500,8 @@ def image_bom(
         manufacturer=_distribution(),
         hashes=[_sha256(config)],
         description=f"vLLM {tag} image with the tpfix wheel (config digest sha256:{config})",
-        properties=[Property(name="tpfix:layer", value=d) for d in img["layers"]],
+        properties=[Property(name="tpfix:layer", value=d) for d in img["layers"]]
+        + ([Property(name="tpfix:platform", value=platform)] if platform else []),
     )
     bom = _bom(root, config, epoch, version)
     base = inventory["base"]
