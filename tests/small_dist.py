@@ -81,7 +81,7 @@ def publish_small(
     extras = package.describe(
         wheel, get_line(), sdist, official, arch or "x86_64", "1700000000", signer, others
     )
-    final = package.publish(wheel, dist, extras)
+    final = package.publish(wheel, dist, extras, signer)
     return dist, final, sdist, official
 
 

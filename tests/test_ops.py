@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from small_dist import SIDE, check_sums, keypair, publish_small
+from small_dist import SIDE, check_sums, keypair, publish_small, sha, sums
 from test_bad_input import _run, repo  # noqa: F401  (repo: the fixture)
 from test_index import make_wheel
 
@@ -557,6 +557,63 @@ def test_both_verifiers_agree_on_every_input(tmp_path: Path):
             proc = subprocess.run([*tool, *args], capture_output=True, text=True)
             assert proc.returncode == status, (what, tool, proc.stdout, proc.stderr)
             assert "Traceback" not in proc.stderr, (what, tool, proc.stderr)
+
+
+@pytest.mark.slow  # package stages (about a second each)
+def test_a_signed_dist_is_signed_as_a_whole(tmp_path: Path):
+    """With a key, SHA256SUMS.intoto.jsonl signs SHA256SUMS and every file it
+    lists; verify.py --dist and attest verify-dist check every file and
+    agree: the release engineer's probe (an SBOM edited and its SHA256SUMS
+    line rewritten) and a changed file fail both; adding files needs the
+    key; an unsigned build into the folder drops the old signature."""
+    from tpfix import attest
+
+    priv, pub = keypair(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
+    envelope = dist / attest.SUMS_ENVELOPE
+    listed = sums(dist)
+    assert attest.SUMS_ENVELOPE not in listed  # the one file it cannot list
+    stmt = json.loads(base64.b64decode(json.loads(envelope.read_text())["payload"]))
+    assert stmt["predicateType"] == "https://in-toto.io/attestation/release/v0.1"
+    subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+    assert subjects == {"SHA256SUMS": sha(dist / "SHA256SUMS"), **listed}
+    assert {wheel.name, f"{wheel.name}.cdx.json", "simple/vllm/index.html"} <= set(subjects)
+    tools = {
+        "verify.py": [sys.executable, "-I", str(dist / "verify.py"), "--dist", str(dist)],
+        "attest": [sys.executable, "-m", "tpfix.attest", "verify-dist", str(dist)],
+    }
+
+    def verdicts() -> dict[str, tuple[int, str]]:
+        out = {}
+        for name, cmd in tools.items():
+            proc = subprocess.run([*cmd, "--key", str(pub)], capture_output=True, text=True)
+            assert "Traceback" not in proc.stderr, proc.stderr
+            out[name] = (proc.returncode, proc.stdout + proc.stderr)
+        return out
+
+    assert {k: v[0] for k, v in verdicts().items()} == {"verify.py": 0, "attest": 0}
+    # the probe: drop a component from the SBOM, rewrite its SHA256SUMS line
+    bom = dist / f"{wheel.name}.cdx.json"
+    original, sums_before = bom.read_bytes(), (dist / "SHA256SUMS").read_bytes()
+    doc = json.loads(original)
+    doc["components"] = doc["components"][1:]
+    bom.write_text(json.dumps(doc))
+    (dist / "SHA256SUMS").write_text(sums_before.decode().replace(listed[bom.name], sha(bom)))
+    for name, (code, text) in verdicts().items():
+        assert code == 2 and "SHA256SUMS is not the one" in text, (name, text)
+    (dist / "SHA256SUMS").write_bytes(sums_before)  # a changed file, SHA256SUMS as signed
+    for name, (code, text) in verdicts().items():
+        assert code == 2 and f"{bom} (sha256 {sha(bom)}) is not the file" in text, (name, text)
+    bom.write_bytes(original)
+    # adding files (the image's, an audit's) needs the key: without it nothing changes
+    with pytest.raises(Fail, match=r"SHA256SUMS.intoto.jsonl signs this dist folder: give"):
+        package.add_to_dist(dist, {Path("image/x.cdx.json"): "{}"})
+    assert not (dist / "image").exists() and (dist / "SHA256SUMS").read_bytes() == sums_before
+    package.add_to_dist(dist, {Path("image/x.cdx.json"): "{}"}, signer=attest.load_signer(priv))
+    assert {k: v[0] for k, v in verdicts().items()} == {"verify.py": 0, "attest": 0}
+    # an unsigned build into the folder: the old signature would not verify, it goes
+    publish_small(tmp_path, version="0.27.1+tpfix.4")
+    assert not envelope.exists()
 
 
 @pytest.mark.slow  # a package stage (about a second)

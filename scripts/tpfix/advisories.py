@@ -73,9 +73,9 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
 from tpfix.lines import Line, get_line, line_names
-from tpfix.package import add_to_dist, find_wheel
+from tpfix.package import add_to_dist, check_signer, find_wheel
 from tpfix.triage import load_triage
-from tpfix.util import Fail, main_wrapper, shown
+from tpfix.util import Fail, add_sign_arg, main_wrapper, shown
 from tpfix.wheelfile import wheel_arch, wheel_requirements
 from tpfix.worklock import dist_lock
 
@@ -422,7 +422,9 @@ def vex(report: dict, bom_path: Path, line: Line) -> str:
     return sbom.dumps(bom)
 
 
-def write_report(dist: Path, bom_path: Path, report: dict, vex_text: str) -> list[Path]:
+def write_report(
+    dist: Path, bom_path: Path, report: dict, vex_text: str, signer=None
+) -> list[Path]:
     """Both files beside the SBOM (atomically, each), then SHA256SUMS with them."""
     stem = bom_path.name.removesuffix(".cdx.json")
     folder = bom_path.parent.relative_to(dist)
@@ -430,7 +432,7 @@ def write_report(dist: Path, bom_path: Path, report: dict, vex_text: str) -> lis
         folder / f"{stem}.advisories.json": json.dumps(report, indent=2, sort_keys=True) + "\n",
         folder / f"{stem}.vex.cdx.json": vex_text,
     }
-    return add_to_dist(dist, files)
+    return add_to_dist(dist, files, signer=signer)
 
 
 def main() -> None:
@@ -446,10 +448,15 @@ def main() -> None:
         "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
     )
     ap.add_argument("--osv-url", help="an OSV-compatible API (with --service osv)")
+    add_sign_arg(ap)
     args = ap.parse_args()
+    from tpfix.attest import signing_key
+
+    signer = signing_key(args.sign_key)
     line = get_line(args.line)
     dist = (args.dist or line.dist).resolve()
     with dist_lock(dist, "audit another folder: --dist DIR"):
+        check_signer(dist, signer)  # before the audit: its report goes into dist/
         wheel, _ = find_wheel(dist, args.arch)
         arch = wheel_arch(wheel)
         tgt = target(line, arch)
@@ -481,7 +488,7 @@ def main() -> None:
             "pip-audit": metadata.version("pip-audit"),
             "audited at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        for path in write_report(dist, bom_path, report, vex(report, bom_path, line)):
+        for path in write_report(dist, bom_path, report, vex(report, bom_path, line), signer):
             print(path)
         found = sum(len(d.get("vulns", [])) for d in report["dependencies"])
         print(f"{found} known advisories in {len(pins)} projects", file=sys.stderr)

@@ -15,6 +15,11 @@ For the wheel (`<wheel>.provenance.json`) and the image
     uncommitted changes), as a builder dependency with its gitCommit digest.
 No start/finish times: the statement is byte-reproducible like the wheel.
 
+With a key, the dist folder as a whole is signed too: SHA256SUMS.intoto.jsonl,
+an in-toto release statement (release_statement) whose subjects are
+SHA256SUMS and every file it lists (wheels, SBOMs, provenance, PEP 658
+metadata, index pages, image files), rewritten whenever SHA256SUMS is.
+
 This is provenance a build writes about itself (SLSA Build L1); signed with
 a key the operator holds, it says who vouches for it.  Signing (DSSE, the
 envelope in-toto and SLSA use) takes a PEM private key (ed25519, ECDSA or
@@ -23,6 +28,7 @@ identity and a transparency log, neither reachable from this build.
 
     python -m tpfix.attest sign STATEMENT --key PRIVATE.pem   # -> STATEMENT's .intoto.jsonl
     python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem --artifact FILE
+    python -m tpfix.attest verify-dist DIST --key PUBLIC.pem   # SHA256SUMS.intoto.jsonl
     python -m tpfix.attest verify ENVELOPE --key PUBLIC.pem --signature-only
 
 verify exits 0 only once the artifact is checked too, or with --signature-only
@@ -165,6 +171,33 @@ def dumps(stmt: dict) -> str:
     return json.dumps(stmt, indent=2, sort_keys=True) + "\n"
 
 
+# The signature of a dist folder as a whole: an in-toto release statement whose
+# subjects are SHA256SUMS and every file it lists (wheels, SBOMs, provenance,
+# PEP 658 metadata, index pages, image files), signed beside it as
+# SHA256SUMS.intoto.jsonl (the one published file SHA256SUMS cannot list).
+RELEASE_PREDICATE = "https://in-toto.io/attestation/release/v0.1"
+SUMS_ENVELOPE = "SHA256SUMS.intoto.jsonl"
+
+
+def release_statement(dist: Path) -> str:
+    """The release statement of `dist` as its SHA256SUMS stands now."""
+    from tpfix.package import SUMS, read_sums
+
+    listed = read_sums(dist / SUMS)
+    subjects = [(SUMS, sha256_file(dist / SUMS))] + [(p, d) for p, d, _ in listed]
+    versions = sorted({p.split("-")[1] for p, _, _ in listed if p.startswith("vllm-")})
+    stmt = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": n, "digest": {"sha256": d}} for n, d in subjects],
+        "predicateType": RELEASE_PREDICATE,
+        "predicate": {
+            "purl": [f"pkg:pypi/vllm@{v}" for v in versions],
+            "releaseId": "+".join(versions),
+        },
+    }
+    return dumps(stmt)
+
+
 # --- signing (DSSE) ------------------------------------------------------------
 
 
@@ -271,7 +304,20 @@ def main() -> None:
         action="store_true",
         help="check the signature alone, not that an artifact is its subject",
     )
+    d = sub.add_parser("verify-dist", help="verify every file of a signed dist folder")
+    d.add_argument("dist", type=Path)
+    d.add_argument("--key", type=Path, required=True, help="PEM public key")
     args = ap.parse_args()
+    if args.cmd == "verify-dist":
+        # the same check as the verify.py shipped in dist/ (tpfix/dist_verify.py)
+        from tpfix import dist_verify
+
+        try:
+            files = dist_verify.verify_dist(str(args.dist), str(args.key))
+        except dist_verify.Refused as e:
+            raise Fail(str(e)) from None
+        print(f"{args.dist}: signature OK; {len(files)} files, each as SHA256SUMS lists it")
+        return
     if args.cmd == "verify" and (args.artifact is None) == (not args.signature_only):
         raise Fail(
             f"{args.envelope}: give --artifact FILE (the file the provenance is about), "

@@ -59,7 +59,7 @@ from tpfix.lines import (
     load_pins,
     read_version,
 )
-from tpfix.package import add_to_dist, find_wheel, wheel_entry
+from tpfix.package import add_to_dist, check_signer, find_wheel, wheel_entry
 from tpfix.patch_format import read_series, series_digest
 from tpfix.util import (
     ROOT,
@@ -563,7 +563,8 @@ def describe_image(
         )
     archive = built.archive
     also = [folder / archive.name] if archive and archive.parent == dist / folder else []
-    return add_to_dist(dist, texts, also, replacing="image") + [dist / p for p in also]
+    written = add_to_dist(dist, texts, also, replacing="image", signer=signer)
+    return written + [dist / p for p in also]
 
 
 _PLAIN = """\
@@ -658,6 +659,7 @@ def main() -> None:
     args.dist = args.dist or line.dist
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
+        check_signer(args.dist, args.signer)  # its files go into a signed dist/
         built = image_from_args(args, release_in(args.dist, line, args.arch))
     if args.measure:
         sizes = measure(built, args.base or line.official_image)

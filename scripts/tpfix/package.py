@@ -99,24 +99,52 @@ def describe(
     return out
 
 
-def write_sums(dist: Path, files: list[Path]) -> None:
-    """dist/SHA256SUMS for `files` (relative to dist), written atomically."""
+def write_sums(dist: Path, files: list[Path], signer=None) -> None:
+    """dist/SHA256SUMS for `files` (relative to dist), written atomically, then
+    signed by `signer` (attest.release_statement: SHA256SUMS.intoto.jsonl);
+    unsigned, an older signature of the folder goes (it would not verify)."""
+    from tpfix import attest
+
     lines = [f"{sha256_file(dist / rel)}  {rel.as_posix()}\n" for rel in files]
     write_atomic(dist / SUMS, "".join(sorted(lines, key=lambda ln: ln.split("  ", 1)[1])))
+    envelope = dist / attest.SUMS_ENVELOPE
+    if signer is None:
+        envelope.unlink(missing_ok=True)
+    else:
+        write_atomic(envelope, attest.sign(attest.release_statement(dist).encode(), signer))
+
+
+def check_signer(dist: Path, signer) -> None:
+    """Fail where dist/ is signed (SHA256SUMS.intoto.jsonl) and no signer is
+    given: adding files would drop the folder's signature."""
+    from tpfix import attest
+
+    if signer is None and (dist / attest.SUMS_ENVELOPE).exists():
+        raise Fail(
+            f"{dist / attest.SUMS_ENVELOPE} signs this dist folder: give the signing key "
+            f"(--sign-key KEY.pem or ${attest.SIGNING_KEY_ENV}) to add files to it"
+        )
 
 
 def add_to_dist(
-    dist: Path, texts: dict[Path, str], also: list[Path] = (), replacing: str | None = None
+    dist: Path,
+    texts: dict[Path, str],
+    also: list[Path] = (),
+    replacing: str | None = None,
+    signer=None,
 ) -> list[Path]:
     """Write `texts` ({path relative to dist: content}) into dist/, each
-    atomically, then SHA256SUMS with them and the files `also` names added;
-    entries under the folder `replacing` that are not among them leave the
-    list (the image's files of an older build).  Returns the paths written."""
+    atomically, then SHA256SUMS with them and the files `also` names added,
+    signed again by `signer`; entries under the folder `replacing` that are
+    not among them leave the list (the image's files of an older build).
+    Returns the paths written.  A signed dist needs the signer: without it,
+    nothing is written."""
+    check_signer(dist, signer)
     for rel, text in texts.items():
         write_atomic(dist / rel, text)
     new = {*texts, *also}
     kept = [p for p in listed(dist) if p not in new and not (replacing and p.parts[0] == replacing)]
-    write_sums(dist, [*kept, *new])
+    write_sums(dist, [*kept, *new], signer)
     return [dist / rel for rel in texts]
 
 
@@ -186,7 +214,7 @@ def other_arches(dist: Path, wheel: Path) -> list[Path]:
     ]
 
 
-def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
+def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Path:
     """Move the staged wheel and its `extras` (relative to its folder) into
     dist/; the files of the other arches' wheels of its version stay (its
     extras index them: describe), an older version's go."""
@@ -210,7 +238,7 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = ()) -> Path:
         else:
             os.replace(src, dest)
     now = sorted({Path(final.name), *extras, *kept})
-    write_sums(dist, now)
+    write_sums(dist, now, signer)
     for rel in before - set(now):
         (dist / rel).unlink(missing_ok=True)
     keep = {final.name, *(str(t) for t in tops), *(p.name for p in kept)}

@@ -331,7 +331,7 @@ def _build(
         others = [dist / p for p in other_arches(dist, wheel)]
         extras = describe(wheel, line, sdist, official, arch, epoch, signer, others)
         _step(f"package into {dist}")
-        final = publish(wheel, dist, extras)
+        final = publish(wheel, dist, extras, signer)
     finally:
         shutil.rmtree(tree_parent, ignore_errors=True)
     return Release(line, version, final, sdist, official, arch, epoch)
