@@ -106,6 +106,13 @@ def test_sbom_names_the_upstream_inputs_and_each_patch(tmp_path: Path):
     assert comp["purl"] == "pkg:pypi/flashinfer-python@0.6.16.post4"
     (dep,) = [d for d in doc["dependencies"] if d["ref"] == doc["metadata"]["component"]["bom-ref"]]
     assert dep["dependsOn"] == [comp["bom-ref"]]
+    # what it holds and what not: declared requirements only, said to people and tools
+    root = doc["metadata"]["component"]["bom-ref"]
+    assert doc["compositions"] == [
+        {"aggregate": "incomplete_first_party_only", "assemblies": [root], "dependencies": [root]}
+    ]
+    props = {p["name"]: p["value"] for p in doc["metadata"]["properties"]}
+    assert props["tpfix:inventory"].startswith("declared, not resolved")
 
 
 def _props(c) -> dict[str, list[str]]:

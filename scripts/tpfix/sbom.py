@@ -450,9 +450,20 @@ def _bom(root: Component, serial_of: str, epoch: str | int, tool_version: str) -
     return bom
 
 
+# What the wheel's SBOM holds and what it does not: said in a metadata
+# property, and to tools in a compositions aggregate (dumps adds it).
+DECLARED = (
+    "declared, not resolved: the wheel's Requires-Dist, one component per project, "
+    "versions as the ranges it declares (tpfix:version-range); no transitive "
+    "dependencies and no installed versions (the image's SBOM lists what an image "
+    "installs); OS packages and the CUDA libraries outside Python packages are not listed"
+)
+
+
 def wheel_bom(wheel: Path, line: Line, sdist: Path, official: Path, epoch: str | int) -> Bom:
     root = wheel_component(wheel, line, sdist, official)
     bom = _bom(root, sha256_file(wheel), epoch, read_version(line.version_file))
+    bom.metadata.properties.add(Property(name="tpfix:inventory", value=DECLARED))
     reqs = requirement_components(_metadata(wheel)["requires"])
     for c in reqs:
         bom.components.add(c)
@@ -549,6 +560,16 @@ def dumps(bom: Bom) -> str:
     """The BOM as CycloneDX JSON, schema-checked (a Fail names the error)."""
     doc = json.loads(JsonV1Dot6(bom).output_as_string())
     _series_order(doc)
+    props = {p["name"]: p["value"] for p in doc["metadata"].get("properties", [])}
+    if props.get("tpfix:inventory") == DECLARED:  # the wheel's: its graph is first-party only
+        root = doc["metadata"]["component"]["bom-ref"]
+        doc["compositions"] = [
+            {
+                "aggregate": "incomplete_first_party_only",
+                "assemblies": [root],
+                "dependencies": [root],
+            }
+        ]
     text = json.dumps(doc, indent=2) + "\n"
     validate(text)
     return text
