@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tpfix.util import Fail, run
+from tpfix.util import Fail, free_bytes, run
 
 _SETUP = """
 import runpy, sys, torch
@@ -51,11 +51,6 @@ def source_date_epoch(sdist: Path) -> int:
             if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
                 return int(m.mtime)
     raise Fail(f"{sdist.name}: no PKG-INFO to take SOURCE_DATE_EPOCH from")
-
-
-def _free(folder: Path) -> int:
-    st = os.statvfs(folder)
-    return st.f_bavail * st.f_frsize
 
 
 def build_wheel(
@@ -91,7 +86,7 @@ def build_wheel(
             # writes to (the tree's build/ and out_dir), while both still hold
             # what it wrote.
             named = re.search(r"No space left on device: '([^']+)'", proc.stdout + proc.stderr)
-            full = named.group(1) if named else min((tree, out_dir), key=_free)
+            full = named.group(1) if named else min((tree, out_dir), key=free_bytes)
             raise OSError(errno.ENOSPC, "No space left on device", str(full))
         if proc.returncode != 0:
             tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

@@ -66,6 +66,7 @@ from tpfix.util import (
     Fail,
     add_sign_arg,
     host_arch,
+    link_or_copy,
     main_wrapper,
     public_url,
     revision,
@@ -157,13 +158,6 @@ def series_info(line: Line) -> tuple[list[str], str]:
     return names, series_digest(names, line.patches)
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
-    try:
-        os.link(src, dest)
-    except OSError:
-        shutil.copy2(src, dest)
-
-
 def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
     line, version = release.line, release.version
@@ -173,7 +167,7 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "dist").mkdir(parents=True)
-    _link_or_copy(wheel, ctx / "dist" / wheel.name)
+    link_or_copy(wheel, ctx / "dist" / wheel.name)
     # Only the wheel's line: the other files SHA256SUMS lists (SBOM, provenance,
     # index pages) stay out of the context and so out of the build.
     entry = wheel_entry(release.dist / "SHA256SUMS", release.arch)[2]
@@ -185,7 +179,7 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
         lines = []
         for project, pin in pins:
             w = pinned_wheel(project, pin)
-            _link_or_copy(w, ctx / "wheels" / w.name)
+            link_or_copy(w, ctx / "wheels" / w.name)
             lines.append(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n")
         (ctx / "wheels" / "SHA256SUMS").write_text("".join(lines))
     names, series_sha = series_info(line)

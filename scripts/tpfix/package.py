@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 
 from tpfix.lines import Line, read_version
-from tpfix.util import Fail, sha256_file, write_atomic
+from tpfix.util import Fail, link_or_copy, sha256_file, write_atomic
 from tpfix.wheelfile import wheel_arch
 
 SUMS = "SHA256SUMS"
@@ -90,10 +90,7 @@ def describe(
         shutil.copyfile(Path(__file__).with_name("dist_verify.py"), staging / VERIFY)
         out.append(Path(VERIFY))
     for other in others:
-        try:
-            os.link(other, staging / other.name)  # staging is on dist's file system
-        except OSError:
-            shutil.copy2(other, staging / other.name)
+        link_or_copy(other, staging / other.name)  # staging is on dist's file system
         out.append(Path(other.name))
     out += index.write_index(staging, [wheel, *(staging / o.name for o in others)])
     return out

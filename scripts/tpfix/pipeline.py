@@ -62,6 +62,7 @@ from tpfix.util import (
     PARTIAL,
     Fail,
     add_sign_arg,
+    free_bytes,
     host_arch,
     main_wrapper,
     shown,
@@ -132,10 +133,9 @@ def space_needs(workdir: Path, dist: Path) -> list[tuple[Path, int, int, str]]:
             out[dev][2] += need
             out[dev][3] += f" and {what} folder {folder}"
         else:
-            st = os.statvfs(folder)
             out[dev] = [
                 mount_point(folder),
-                st.f_bavail * st.f_frsize,
+                free_bytes(folder),
                 need,
                 f"{what} folder {folder}",
             ]
@@ -179,9 +179,9 @@ def space_errors(workdir: Path, dist: Path):
             while not folder.exists() and folder != folder.parent:
                 folder = folder.parent
             if folder.is_absolute() and mount_point(folder) not in (n[0] for n in needs):
-                st = os.statvfs(folder)  # neither work's nor dist's: the download cache
+                # neither work's nor dist's: the download cache
                 other = f" (its file system at {mount_point(folder)}: "
-                other += f"{_gb(st.f_bavail * st.f_frsize)} free)"
+                other += f"{_gb(free_bytes(folder))} free)"
         fix = "use --workdir/--dist on another file system"
         if other:
             fix = "set VLLM_DIST_CACHE to a download cache on another file system"

@@ -18,6 +18,7 @@ import hashlib
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,20 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes for an unprivileged writer on `folder`'s file system."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """`dest` as a hard link to `src` (no copy on one file system), else a copy."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
 
 
 # The temporary file of write_atomic, `.<name>.partial-<random>`: a kill
