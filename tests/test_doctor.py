@@ -102,6 +102,19 @@ def test_bug_c_reading_agrees_with_the_real_import():
     assert doctor.bug_c(trees["stock"], "3.12") is None
 
 
+def test_each_cause_is_said_once():
+    """The starts that end in the same error share its line (each start named
+    with where it failed); another error gets a line of its own."""
+    msg = "ValueError: Workspace validation failed: - token_num (8192) * hidden_dim (2560)"
+    shown = doctor._start_errors({"cold": msg, "warm": f"{msg} (at profile:draft:8192)"})
+    assert shown == [f"cold start, warm start (at profile:draft:8192): {msg}"]
+    assert doctor._start_errors({"cold": "A: b", "warm": "C: d"}) == [
+        "cold start: A: b",
+        "warm start: C: d",
+    ]
+    assert doctor._start_errors(None) == []
+
+
 # -- slow: seeds ----------------------------------------------------------------
 
 SEED_000_LINE = serve(

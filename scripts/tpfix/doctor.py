@@ -412,9 +412,9 @@ def _text(report: dict) -> str:
         out.append(f"  {model}:")
         for k in ("stock", "patched"):
             m = v[k]["models"][model]
-            res = m["result"]
-            shown = "; ".join(f"{o} start: {e}" for o, e in res.items()) if res else "ok"
-            out.append(f"    {k:8s} {shown}")
+            shown = _start_errors(m["result"]) or ["ok"]
+            out.append(f"    {k:8s} {shown[0]}")
+            out.extend(f"             {more}" for more in shown[1:])
             out.append(
                 f"             fused tokens {m['fused_tokens']}; one-shot up to "
                 f"{m['oneshot_max_tokens']} tokens, two-shot above"
@@ -440,6 +440,16 @@ def _text(report: dict) -> str:
         out.append("  " + SIMULATED_SHORT)
     out.append(f"advice: {report['advice']}")
     return "\n".join(_wrap(line) for line in out)
+
+
+def _start_errors(result: dict | None) -> list[str]:
+    """One line per distinct error, each start that ends in it named once:
+    "cold start, warm start (at profile:draft:8192): ValueError: ..."."""
+    starts: dict[str, list[str]] = {}
+    for order, err in (result or {}).items():
+        msg, _, at = err.partition(" (at ")
+        starts.setdefault(msg, []).append(f"{order} start" + (f" (at {at}" if at else ""))
+    return [f"{', '.join(orders)}: {msg}" for msg, orders in starts.items()]
 
 
 def _wrap(line: str) -> str:
