@@ -254,6 +254,24 @@ DEPLOYMENTS = [
         capability=100,
         backend="mnnvl",
     ),
+    deployment(  # two nodes of one NVLink domain (MNNVL), launched by Ray, 2 replicas
+        "llama-70b+8b-tp16-mnnvl-ray-dp2-sm100",
+        "Llama-3.1-70B-Instruct",
+        [
+            "-tp",
+            "16",
+            "-dp",
+            "2",
+            "--distributed-executor-backend",
+            "ray",
+            *spec("Llama-3.1-8B-Instruct"),
+        ],
+        8192,
+        4096,
+        opts=[*MNNVL, "--gpu", "sm100"],
+        capability=100,
+        backend="mnnvl",
+    ),
     deployment(
         "llama-8b+1b-fp16",
         "Llama-3.1-8B-Instruct",
@@ -331,6 +349,25 @@ def test_bad_serve_line_exit_3(argv, message, capsys):
     assert err.splitlines()[-1].startswith("error: vllm serve: "), err
     assert "Traceback" not in err and "input_value" not in err
     assert "BadInput" not in err and err.count("vllm serve:") == 1, err
+
+
+@pytest.mark.slow
+def test_pipeline_stages_on_ray_each_form_a_tp_group(capsys):
+    """-pp 2 on Ray: vLLM's resolved layout is reported, each stage's TP group
+    of 2 is the seed's (Ray itself runs on the deployment's hosts: its
+    import is stood in, see doctor_scenario._stand_in_for_ray)."""
+    line = serve(
+        "Qwen3-30B-A3B", "-tp", "2", "-pp", "2", "--distributed-executor-backend", "ray",
+        *spec("Qwen3-4B"),
+    )  # fmt: skip
+    code, report, _ = run_doctor(["--gpu", "sm90", *line], capsys)
+    f = report["facts"]
+    assert (f["tp"], f["pp"], f["dp"], f["executor"]) == (2, 2, 1, "ray"), f
+    assert code == doctor.EXIT_FIXED, report
+    draft = report["verdict"]["stock"]["models"]["draft"]["result"]
+    assert bug_a.SEED_MESSAGE in draft["cold"] and bug_a.SEED_MESSAGE in draft["warm"]
+    text = " ".join(doctor._text(report).split())
+    assert "layout: 2 pipeline stage(s) x 1 data-parallel replica(s), executor ray" in text
 
 
 @pytest.mark.slow

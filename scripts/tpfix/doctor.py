@@ -397,6 +397,12 @@ def _text(report: dict) -> str:
         f"  target {f['model']} (hidden {f['target_hidden']}), dtype {f['dtype']}, TP {f['tp']}, "
         f"max_num_batched_tokens {f['max_num_batched_tokens']}",
     ]
+    if f.get("pp", 1) > 1 or f.get("dp", 1) > 1:  # each stage and replica: its own TP group
+        out.append(
+            f"  layout: {f['pp']} pipeline stage(s) x {f['dp']} data-parallel replica(s), "
+            f"executor {f['executor']}; each has its own TP group of {f['tp']}, "
+            "replayed once for all"
+        )
     if f["draft_model"]:
         out.append(
             f"  drafter {f['draft_model']} (hidden {f['draft_hidden']}, method {f['spec_method']})"

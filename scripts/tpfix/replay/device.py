@@ -99,6 +99,15 @@ recording: dict[str, Any] = {}
 # --------------------------------------------------------------------------
 # shared by both: platform, node, collectives
 # --------------------------------------------------------------------------
+GPUS_PER_NODE = 8
+
+
+def node_count(tp: int) -> int:
+    """Nodes a TP group of ``tp`` spans, at GPUS_PER_NODE GPUs a node (TP 16:
+    two nodes of an NVLink domain, which only MNNVL spans)."""
+    return max(1, -(-tp // GPUS_PER_NODE))
+
+
 def simulate_cuda_platform(capability: int, static_graphs: bool = True) -> None:
     """``current_platform`` as CudaPlatform answers on an SM ``capability``
     device; ``static_graphs``: also static graph support and 8 devices."""
@@ -108,7 +117,7 @@ def simulate_cuda_platform(capability: int, static_graphs: bool = True) -> None:
     current_platform.is_cuda = lambda: True
     if static_graphs:
         current_platform.support_static_graph_mode = lambda: True
-        current_platform.device_count = lambda: 8
+        current_platform.device_count = lambda: GPUS_PER_NODE
     current_platform.get_device_capability = lambda device_id=0: DeviceCapability(
         capability // 10, capability % 10
     )
@@ -131,9 +140,10 @@ def simulate_single_node(fiar, dist=None) -> None:
     import torch
 
     fiar.TorchDistBackend = _SimCommBackend
-    fiar.get_node_count = lambda: 1
-    if hasattr(fiar, "_node_count"):  # v0.33.0+: a single node is simulated
-        fiar._node_count = lambda group: 1
+    nodes = state.get("nodes", 1)
+    fiar.get_node_count = lambda: nodes
+    if hasattr(fiar, "_node_count"):  # v0.33.0+
+        fiar._node_count = lambda group: nodes
     fiar.dist = dist or FakeDist
     torch.cuda.is_current_stream_capturing = lambda: state["capturing"]
 
@@ -477,7 +487,7 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     import vllm.distributed.parallel_state as ps
 
     ps._TP = None  # the worker's ensure_model_parallel_initialized makes it
-    ps._NODE_COUNT = 1
+    state["nodes"] = ps._NODE_COUNT = node_count(tp)
 
     def create(
         backend,

@@ -9,8 +9,9 @@ serve parser (``make_arg_parser`` on a ``FlexibleArgumentParser``,
 ``create_engine_config(UsageContext.OPENAI_API_SERVER)``; model and draft
 configurations are read from a local path or the local Hugging Face cache
 only (``HF_HUB_OFFLINE=1``).  SIMULATED: the device (bug_a.setup: CUDA
-platform, capability; plus the GPU's name and memory, which pick vLLM's
-default ``max_num_batched_tokens``).
+platform, capability, 8 GPUs a node; plus the GPU's name and memory, which
+pick vLLM's default ``max_num_batched_tokens``) and Ray's presence (vLLM's
+check that it can import Ray passes: Ray runs on the deployment's hosts).
 
 ``start(order, **facts)``: bug_a's ``cold_start`` or
 ``warm_start_capture_order`` for the facts, plus what the simulated
@@ -110,6 +111,8 @@ def parse(
         lambda c, device_id=0: as_int(c) // 10 == capability // 10
     )
 
+    _stand_in_for_ray()
+
     parser, validate = _parser()
     err = io.StringIO()
     try:
@@ -146,6 +149,9 @@ def parse(
         "target_hidden": cfg.model_config.get_hidden_size(),
         "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
         "tp": cfg.parallel_config.tensor_parallel_size,
+        "pp": cfg.parallel_config.pipeline_parallel_size,
+        "dp": cfg.parallel_config.data_parallel_size,
+        "executor": str(cfg.parallel_config.distributed_executor_backend),
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
         "fuse_allreduce_rms": bool(cfg.compilation_config.pass_config.fuse_allreduce_rms),
         "spec_method": getattr(spec, "method", None) if spec else None,
@@ -153,6 +159,33 @@ def parse(
         "draft_architectures": list(dmc.architectures or []) if dmc is not None else [],
         "draft_hidden": dmc.get_hidden_size() if dmc is not None else None,
     }
+
+
+def _stand_in_for_ray() -> None:
+    """Ray runs on the deployment's hosts, not necessarily here. Without it,
+    vLLM's check that Ray imports passes where the serve line names the Ray
+    executor (auto-selection still sees no Ray here), and its executor (which imports
+    Ray) is stood in by the class it derives from, for the one thing the
+    configuration asks of it (whether it supports async scheduling):
+    RayExecutorV2 is a MultiprocExecutor, RayDistributedExecutor (v0.27.1
+    with VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) an Executor."""
+    import vllm.envs as envs
+    from vllm.v1.executor import ray_utils
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    if ray_utils.ray is not None:
+        return
+    ray_utils.assert_ray_available = lambda: None  # its check for an explicit "ray"
+    get_class = Executor.get_class
+
+    def ray_stand_in(vllm_config):
+        if vllm_config.parallel_config.distributed_executor_backend != "ray":
+            return get_class(vllm_config)
+        v2 = getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", True)
+        return MultiprocExecutor if v2 else Executor
+
+    Executor.get_class = staticmethod(ray_stand_in)
 
 
 def _no_fusion(cfg) -> str | None:

@@ -25,7 +25,13 @@ import tempfile
 import types
 from typing import Any
 
-from tpfix.replay.device import FakeTPGroup, reference_kernel, state, workspace_bytes
+from tpfix.replay.device import (
+    FakeTPGroup,
+    node_count,
+    reference_kernel,
+    state,
+    workspace_bytes,
+)
 
 _MODEL_DIR = os.path.join(tempfile.gettempdir(), f"bug_a_models_{os.getuid()}")
 
@@ -86,7 +92,8 @@ def engine_config(
         skip_tokenizer_init=True,
         max_model_len=max_model_len,
     )
-    pc = ParallelConfig(tensor_parallel_size=tp)
+    nodes = node_count(tp)  # more than one: vLLM's multi-node mp launch
+    pc = ParallelConfig(tensor_parallel_size=tp, **({"nnodes": nodes} if nodes > 1 else {}))
     spec = None
     if draft_hidden is not None:
         spec = SpeculativeConfig(
@@ -138,7 +145,7 @@ def worker_init(vllm_config, standalone: bool = False) -> None:
     tp = vllm_config.parallel_config.tensor_parallel_size
 
     def init_dist(*args, **kwargs):
-        ps._NODE_COUNT = 1
+        ps._NODE_COUNT = node_count(tp)
 
     def ensure_mp(*args, **kwargs):
         if ps._TP is not None:  # kept from an earlier engine of this process
