@@ -5,7 +5,8 @@
 trees exist: the seed-000 serve line (Qwen3-30B-A3B + Qwen3-4B drafter, TP 2,
 8192 batched tokens, from tests/fixtures/models), as an operator runs it
 (`python -m tpfix.doctor ...`, a fresh interpreter).  The first run builds
-the trees if they are missing and is not counted.  Target: <= 60 s.
+the trees if they are missing and is not counted.  Prints the median of
+--runs (default 3); target 15 s, fails above 60 s.
 
     build/venv/bin/python scripts/tpfix/bench/doctor.py [--runs N] [--line TAG]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "tests" / "fixtures" / "models"
 LIMIT_S = 60
+TARGET_S = 15  # issue 25: after the first run, on 2 cores
 
 
 def serve_line() -> list[str]:
@@ -51,7 +54,7 @@ def run(line: str | None) -> tuple[float, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--line", default=None)
     args = ap.parse_args()
     warm, code = run(args.line)  # builds missing trees
@@ -62,12 +65,12 @@ def main() -> int:
         times.append(t)
         print(f"run: {t:.1f} s, exit {code}")
     load = os.getloadavg()[0]
-    best = min(times)
+    median = statistics.median(times)
     print(
-        f"doctor, seed-000 line: best {best:.1f} s of {len(times)} "
-        f"(limit {LIMIT_S} s; {os.cpu_count()} CPUs, load {load:.1f})"
+        f"doctor, seed-000 line: median {median:.1f} s of {len(times)}, best {min(times):.1f} s "
+        f"(target {TARGET_S} s, limit {LIMIT_S} s; {os.cpu_count()} CPUs, load {load:.1f})"
     )
-    return 0 if best <= LIMIT_S else 1
+    return 0 if median <= LIMIT_S else 1
 
 
 if __name__ == "__main__":
