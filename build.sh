@@ -3,7 +3,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Build the patched vLLM wheel into dist/:
 #   fetch -> verify -> patch -> build -> verify -> package   (scripts/tpfix/pipeline.py)
-# Options: --arch x86_64|aarch64, --dist DIR (see scripts/tpfix/pipeline.py);
+# Options: --arch x86_64|aarch64, --dist DIR, --no-cache (see scripts/tpfix/pipeline.py);
 # --line TAG: another release line (patches/TAG/); --image: then the container image
 # from that wheel (Dockerfile, scripts/tpfix/image.py).
 # ./build.sh doctor [...] -- vllm serve ...: preflight of a serve line (scripts/tpfix/doctor.py).

@@ -227,6 +227,7 @@ def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
             str(dist),
             "--workdir",
             str(tmp_path / "work"),
+            "--no-cache",  # a real setup.py to kill, not the cached wheel
         ],
         cwd=repo,
         env=dict(os.environ, PYTHONPATH=str(repo / "scripts")),

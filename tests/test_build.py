@@ -2,19 +2,21 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The build as a user runs it: ./build.sh, then what the wheel must be.
 
-One real build (and a second one for reproducibility) per session; the other
-checks read the wheels it produced.
+One real build (and a second one for reproducibility, both --no-cache) per
+session, and a rebuild from the built-wheel cache; the other checks read the
+wheels they produced.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import run_build_sh
+from conftest import ROOT, run_build_sh
 
 from tpfix.fetch import fetch_wheel
 from tpfix.lines import get_line, read_version, wheel_pin
@@ -120,11 +122,24 @@ def test_verify_rejects_changed_binary_and_unexpected_file(
 
 
 def test_two_builds_are_byte_identical(built: Path, tmp_path: Path):
-    again = run_build_sh(tmp_path / "dist", tmp_path / "work")
+    again = run_build_sh(tmp_path / "dist", tmp_path / "work", None, "--no-cache")
     assert again.name == built.name
     assert _sha(again) == _sha(built)
     # and so is everything beside it: SBOM, provenance, index (SHA256SUMS lists them)
     assert (again.parent / "SHA256SUMS").read_bytes() == (built.parent / "SHA256SUMS").read_bytes()
+
+
+def test_a_rebuild_with_nothing_changed_publishes_the_cached_wheel(built: Path, tmp_path: Path):
+    """The built fixture stored its wheel (wheel_cache): a rebuild of the same
+    inputs publishes it without patching or building, and the same files."""
+    dist = tmp_path / "dist"
+    cmd = [str(ROOT / "build.sh"), "--dist", str(dist), "--workdir", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"==> build: {built.name} as built and verified before" in proc.stderr
+    assert "==> patch" not in proc.stderr and "==> verify" not in proc.stderr
+    assert (dist / "SHA256SUMS").read_bytes() == (built.parent / "SHA256SUMS").read_bytes()
+    assert _sha(dist / built.name) == _sha(built)
 
 
 # -- the other release lines (patches/TAG/), built with ./build.sh --line TAG -----------
@@ -150,6 +165,6 @@ def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
 
 def test_other_line_builds_are_byte_identical(line_build, tmp_path: Path):
     line, built = line_build
-    again = run_build_sh(tmp_path / "dist", tmp_path / "work", line.tag)
+    again = run_build_sh(tmp_path / "dist", tmp_path / "work", line.tag, "--no-cache")
     assert _sha(again) == _sha(built)
     assert (again.parent / "SHA256SUMS").read_bytes() == (built.parent / "SHA256SUMS").read_bytes()

@@ -330,6 +330,7 @@ def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path
             str(tmp_path / "dist"),
             "--workdir",
             str(work),
+            "--no-cache",  # a real tree and setup.py, not the cached wheel
             env={pipeline.SPACE_CHECK_ENV: "0"},
         )
         assert proc.returncode == 2, proc.stderr

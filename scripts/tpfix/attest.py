@@ -153,7 +153,7 @@ _OUTPUT_OPTIONS = ("--dist", "--workdir", "--image-dir", "--sign-key")
 def build_command(argv: list[str] | None = None) -> str:
     """How this build was started (build.sh runs tpfix.pipeline with its
     arguments; `python -m tpfix.image` builds an image alone), less the output
-    folders and the signing key's path."""
+    folders, the signing key's path and --no-cache (the same bytes either way)."""
     argv = sys.argv if argv is None else argv
     stem = Path(argv[0]).stem
     prog = ["./build.sh"] if stem in ("pipeline", "build.sh") else ["python", "-m", f"tpfix.{stem}"]
@@ -162,6 +162,8 @@ def build_command(argv: list[str] | None = None) -> str:
         a = args.pop(0)
         if a in _OUTPUT_OPTIONS:
             args = args[1:]
+        elif a == "--no-cache":
+            continue
         elif not a.startswith(tuple(o + "=" for o in _OUTPUT_OPTIONS)):
             out.append(a)
     return shlex.join([*prog, *out])

@@ -6,6 +6,7 @@
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
     ./build.sh --dist DIR           # somewhere else than dist/
     ./build.sh --line v0.33.0       # another release line (patches/v0.33.0/) into dist/v0.33.0/
+    ./build.sh --no-cache           # build even when nothing changed (wheel_cache)
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
 
 Work happens under build/ (a fresh patched tree per run, logs) and in a
@@ -44,6 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tpfix import wheel_cache
 from tpfix.build import build_wheel, source_date_epoch
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.lines import (
@@ -263,7 +265,9 @@ def check_tools() -> None:
         )
 
 
-def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -> Release:
+def _run_locked(
+    arch: str, dist: Path, workdir: Path, line: Line, signer=None, cached: bool = True
+) -> Release:
     """The whole build of `line`; the caller holds build_locks(workdir, dist).
     Returns the published wheel with the facts of its build (for the image stage)."""
     version = read_version(line.version_file)
@@ -284,7 +288,7 @@ def _run_locked(arch: str, dist: Path, workdir: Path, line: Line, signer=None) -
     clear_staging(dist)
     check_space(workdir, dist)
     with space_errors(workdir, dist), staged(dist) as staging:
-        return _build(arch, dist, workdir, line, signer, staging, version, names)
+        return _build(arch, dist, workdir, line, signer, staging, version, names, cached)
 
 
 def _build(
@@ -296,37 +300,26 @@ def _build(
     staging: Path,
     version: str,
     names: list[str],
+    cached: bool = True,
 ) -> Release:
-    """Fetch, patch, build, verify and package into `staging`, then publish."""
+    """Fetch, patch, build, verify and package into `staging`, then publish.
+    With `cached`, a wheel built and verified from the same inputs before
+    (wheel_cache.restore) stands in for patch, build and verify."""
     tag = line.tag
     _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
     sdist = fetch_sdist(tag)
     official = fetch_wheel(arch, tag)
+    epoch = source_date_epoch(sdist)
+    wheel = wheel_cache.restore(line, version, arch, epoch, staging, _step) if cached else None
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     try:
-        _step(f"patch: pristine {sdist.name} + {len(names)} patches (quilt)")
-        tree = prepare_tree(tree_parent / "vllm", line)
-        _step(f"build: vllm {version} (setup.py, precompiled kernels)")
-        t0 = time.monotonic()
-        epoch = source_date_epoch(sdist)
-        wheel = build_wheel(
-            tree,
-            version,
-            official,
-            arch,
-            staging,
-            epoch,
-            workdir / "logs" / "build.log",
-            line.official_cuda(),
-        )
-        _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
-        _step(f"verify against {official.name}")
-        problems = verify_wheel(wheel, official, tree, version, line, names)
-        if problems:
-            raise Fail(
-                f"{wheel.name} differs from the official wheel beyond the series "
-                "(nothing was written to dist/):\n  " + "\n  ".join(problems)
+        if wheel:
+            _step(f"build: {wheel.name} as built and verified before (--no-cache: build again)")
+        else:
+            wheel = _build_and_verify(
+                arch, workdir, line, staging, version, names, official, epoch, tree_parent
             )
+            wheel_cache.store(line, version, arch, epoch, wheel)
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
         others = [dist / p for p in other_arches(dist, wheel)]
         extras = describe(wheel, line, sdist, official, arch, epoch, signer, others)
@@ -335,6 +328,43 @@ def _build(
     finally:
         shutil.rmtree(tree_parent, ignore_errors=True)
     return Release(line, version, final, sdist, official, arch, epoch)
+
+
+def _build_and_verify(
+    arch: str,
+    workdir: Path,
+    line: Line,
+    staging: Path,
+    version: str,
+    names: list[str],
+    official: Path,
+    epoch: int,
+    tree_parent: Path,
+) -> Path:
+    """Patch a pristine tree, build the wheel into `staging`, verify it."""
+    _step(f"patch: pristine vllm {line.tag} sdist + {len(names)} patches (quilt)")
+    tree = prepare_tree(tree_parent / "vllm", line)
+    _step(f"build: vllm {version} (setup.py, precompiled kernels)")
+    t0 = time.monotonic()
+    wheel = build_wheel(
+        tree,
+        version,
+        official,
+        arch,
+        staging,
+        epoch,
+        workdir / "logs" / "build.log",
+        line.official_cuda(),
+    )
+    _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
+    _step(f"verify against {official.name}")
+    problems = verify_wheel(wheel, official, tree, version, line, names)
+    if problems:
+        raise Fail(
+            f"{wheel.name} differs from the official wheel beyond the series "
+            "(nothing was written to dist/):\n  " + "\n  ".join(problems)
+        )
+    return wheel
 
 
 def main() -> None:
@@ -354,6 +384,11 @@ def main() -> None:
     ap.add_argument(
         "--image", action="store_true", help="then build the container image (Dockerfile)"
     )
+    ap.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="patch, build and verify even when the same wheel was built before",
+    )
     add_sign_arg(ap)
     add_image_args(ap)
     args = ap.parse_args()
@@ -369,7 +404,9 @@ def main() -> None:
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        release = _run_locked(args.arch, args.dist, args.workdir, line, signer)
+        release = _run_locked(
+            args.arch, args.dist, args.workdir, line, signer, cached=not args.no_cache
+        )
         print(release.wheel, flush=True)
         if args.image:
             image_from_args(args, release)

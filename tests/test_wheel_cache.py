@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The built-wheel cache (tpfix.wheel_cache) on a small stand-in wheel file in
+a cache of its own: what keys an entry, what a restore checks, what a store
+replaces.  The pipeline's use of it (a real rebuild) is in test_build.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpfix import wheel_cache
+from tpfix.lines import get_line
+
+NAME = "vllm-0.27.1+tpfix.8-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("VLLM_DIST_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _wheel(folder: Path, data: bytes = b"the wheel's bytes") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / NAME).write_bytes(data)
+    return folder / NAME
+
+
+def test_a_stored_wheel_comes_back_with_its_bytes(cache: Path, tmp_path: Path):
+    line = get_line()
+    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    got = wheel_cache.restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"))
+    assert got == tmp_path / "staging" / NAME
+    assert got.read_bytes() == b"the wheel's bytes"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        ("0.27.1+tpfix.9", "x86_64", 1),
+        ("0.27.1+tpfix.8", "aarch64", 1),
+        ("0.27.1+tpfix.8", "x86_64", 2),
+    ],
+)
+def test_other_inputs_are_a_miss(cache: Path, tmp_path: Path, other):
+    line = get_line()
+    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    assert wheel_cache.restore(line, *other, _mkdir(tmp_path / "staging")) is None
+    assert not list((tmp_path / "staging").iterdir())
+
+
+def test_the_key_covers_the_series_and_the_build_code(monkeypatch):
+    line = get_line()
+    before = wheel_cache.key(line, "v", "x86_64", 1)
+    monkeypatch.setattr(wheel_cache, "fingerprint", lambda line: "another series")
+    assert wheel_cache.key(line, "v", "x86_64", 1) != before
+    monkeypatch.undo()
+    names = {f.name for f in wheel_cache.KEY_FILES}
+    assert {"requirements-build.txt", "build.py", "patch.py", "quilt.py"} <= names
+
+
+def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path: Path):
+    line = get_line()
+    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    (entry,) = (cache / "built" / "v0.27.1-x86_64").iterdir()
+    (entry / NAME).write_bytes(b"tampered")
+    warned = []
+    got = wheel_cache.restore(
+        line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"), warned.append
+    )
+    assert got is None
+    assert not list((tmp_path / "staging").iterdir())  # the copy is gone too
+    assert len(warned) == 1 and "not the bytes recorded" in warned[0] and NAME in warned[0]
+    assert not entry.exists()
+
+
+def test_storing_replaces_the_older_entries_of_the_line_and_arch(cache: Path, tmp_path: Path):
+    line = get_line()
+    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "a", b"eight"))
+    wheel_cache.store(line, "0.27.1+tpfix.9", "x86_64", 1, _wheel(tmp_path / "b", b"nine"))
+    wheel_cache.store(line, "0.27.1+tpfix.8", "aarch64", 1, _wheel(tmp_path / "c", b"arm"))
+    assert len(list((cache / "built" / "v0.27.1-x86_64").iterdir())) == 1
+    staging = _mkdir(tmp_path / "staging")
+    assert wheel_cache.restore(line, "0.27.1+tpfix.8", "x86_64", 1, staging) is None
+    assert wheel_cache.restore(line, "0.27.1+tpfix.9", "x86_64", 1, staging).read_bytes() == b"nine"
+    assert wheel_cache.restore(line, "0.27.1+tpfix.8", "aarch64", 1, staging).read_bytes() == b"arm"
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
