@@ -26,6 +26,9 @@ it runs `git format-patch --numbered`.  OUT gets:
                         to be filed before the pull request that fixes it
                         (docs/upstream/<id>.md); its PR says "Fixes" for it
   validation.json       those results, machine-readable
+  SUBMIT.md             what only the submitter can do before opening them
+                        (file the issues, the duplicate-work search, the
+                        agents' checklist, the multi-GPU tests)
 
 Validation (unless --no-tests), per patch, on TAG + the ports before it:
 the vLLM tests the patch adds or changes (pytest, on CPU with the compiled
@@ -54,6 +57,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,10 +159,18 @@ def signoff_identity(given: str | None = None) -> str:
         if not (name and email):
             raise Fail(f"export: the mails need the submitter's Signed-off-by: {how}")
         given = f"{name} <{email}>"
-    _ident(given)
-    if given.rstrip().rstrip(">").endswith(".invalid"):
-        raise Fail(f"export: {given} is a placeholder, which vLLM's DCO check rejects: {how}")
+    domain = _ident(given)[1].rpartition("@")[2].lower().rstrip(".")
+    if domain.endswith(RESERVED_TLDS) or domain.endswith(RESERVED_DOMAINS):
+        raise Fail(
+            f"export: {given} is a placeholder (a reserved domain, RFC 2606, that no "
+            f"mail reaches), which vLLM's DCO check rejects: {how}"
+        )
     return given
+
+
+# RFC 2606 / RFC 6761: names that no one's mail address can be on.
+RESERVED_TLDS = (".invalid", ".example", ".test", ".localhost")
+RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
 
 
 def _ident(author: str) -> tuple[str, str]:
@@ -345,10 +357,27 @@ def pytest_outcome(stdout: str) -> dict:
         "errors": errors,
         "cpu_teardown_errors": benign,
         "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", stdout, re.M))),
+        "failure_kinds": _failure_kinds(stdout),
     }
     out["green"] = out["passed"] > 0 and out["failed"] == 0 and errors == benign
     out["red"] = out["failed"] > 0 or errors > benign
     return out
+
+
+def _failure_kinds(stdout: str) -> dict[str, int]:
+    """How many failed tests raised each exception type: the first `E   Type:`
+    line of each test's section of the FAILURES report."""
+    report = stdout.partition("= FAILURES =")[2].partition("short test summary info")[0]
+    kinds = []
+    for section in re.split(r"^_+ \S+ _+$", report, flags=re.M)[1:]:
+        first = re.search(r"^E\s+(.*)$", section, re.M)
+        line = first.group(1) if first else ""
+        if line.startswith("assert "):  # pytest's rewritten assert
+            kinds.append("AssertionError")
+        else:
+            m = re.match(r"(?:\w+\.)*(\w+)(?::|$)", line)
+            kinds.append(m.group(1) if m else "other")
+    return dict(sorted(Counter(kinds).items()))
 
 
 def run_pytest(tree: Path, files: list[str]) -> dict:
@@ -459,7 +488,7 @@ def _result_lines(tag: str, val: dict | None, index: int) -> list[str]:
         out += [
             f"- `{cmd}`",
             f"  - {on}: **{_said(t['with'])}**",
-            f"  - {off} with only the new tests: {_said(t['without'])} (red, as expected)",
+            f"  - {off} with only the new tests: {_said(t['without'])} {_why_red(t['without'])}",
         ]
     for c in val["checks"]:
         why = " ".join(_scenario(c["without"].get("result", {})).split())
@@ -469,6 +498,23 @@ def _result_lines(tag: str, val: dict | None, index: int) -> list[str]:
             f"  - {on}: passes",
         ]
     return out
+
+
+# A test that fails for one of these before the patch fails because what it
+# calls is new, not because it shows the bug.
+NEW_API = ("AttributeError", "ImportError", "ModuleNotFoundError", "NameError")
+
+
+def _why_red(run: dict) -> str:
+    kinds = run.get("failure_kinds") or {}
+    new = sum(n for k, n in kinds.items() if k in NEW_API)
+    if not new:
+        return "(red, as expected)"
+    named = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    return (
+        f"(red: {run['failed'] - new} of them on the bug itself, {new} only because "
+        f"what they call is new; {named})"
+    )
 
 
 def _not_run_lines(gpu_tests: list[str]) -> list[str]:
@@ -506,8 +552,9 @@ def pr_description(
     base: str | None,
     template: str,
     gpu_tests: list[str] | None = None,
+    numbers: dict[str, int] | None = None,
 ) -> str:
-    fixes = _fixes(mail)
+    fixes = _fixes(mail) + [f"#{numbers[i]}" for i in mail.values("Issue") if i in (numbers or {})]
     claims = mail.values("Claim") or [mail.subject]
     based = f"`{tag}`" + (f" (commit {base})" if base else "")
     depends = f" Applies on top of PATCH 1..{n - 1} of this series." if n > 1 else ""
@@ -525,6 +572,7 @@ def pr_description(
         + "".join(
             f" Fixes the issue filed from `issue-{i}.md` (file it first, then put its number here)."
             for i in issues
+            if i not in (numbers or {})
         ),
         f"Against {based}, [PATCH {n}/{m}] of the exported series.{depends}",
         "",
@@ -552,18 +600,38 @@ def pr_description(
     ]
     if related:
         lines += [f"Related: {r}" for r in related] + [""]
-    lines += [
-        "Duplicate-work check (AGENTS.md): to be done by the submitter before "
-        "opening, e.g. `gh pr list --repo vllm-project/vllm --state open --search "
-        + (f'"{fixes[0][1:]} in:body"`.' if fixes else f'"{mail.subject} in:title"`.'),
-        "",
-    ]
     checklist = template[template.find("---") :] if "---" in template else ""
     checklist = checklist.replace(
         "- [ ] AI assistance was used during the creation of this PR.",
         "- [x] AI assistance was used during the creation of this PR.",
     )
     return "\n".join(lines) + ("\n" + checklist.strip() + "\n" if checklist else "")
+
+
+def submit_steps(report: dict, numbers: dict[str, int]) -> str:
+    """What only the submitter can do before opening the pull requests (the
+    PR texts carry none of it): file the issues, check for duplicate work,
+    run the agents' checklist and tick the template's boxes themselves."""
+    unfiled = [i for i in report["issues"] if i[len("issue-") : -len(".md")] not in numbers]
+    out = ["# Before opening these pull requests", ""]
+    if unfiled:
+        out += [
+            "1. File " + ", ".join(f"`{i}`" for i in unfiled) + " upstream, then export "
+            "again with `--issue NAME=NUMBER` for each, so that each PR says `Fixes #NUMBER`.",
+        ]
+    out += [
+        "1. Check for duplicate work (vLLM's AGENTS.md), for each PR:",
+        *[
+            "   `gh pr list --repo vllm-project/vllm --state open --search "
+            f'"{p["subject"]} in:title"`'
+            for p in report["patches"]
+        ],
+        "1. Run `/pr-checklist` and tick the template's checklist in each PR text yourself.",
+        "1. Have upstream's multi-GPU CI run the tests these PRs mark for several GPUs:",
+        *[f"   `{t}`" for p in report["patches"] for t in p["multi_gpu_tests"]],
+        "",
+    ]
+    return "\n".join(out)
 
 
 # -- the whole export ------------------------------------------------------------------
@@ -574,7 +642,9 @@ def export(
     out: Path | None = None,
     signoff: str | None = None,
     run_tests: bool = True,
+    numbers: dict[str, int] | None = None,
 ) -> dict:
+    """`numbers`: the upstream issue number each filed `Issue:` text got."""
     author = signoff_identity(signoff)
     line = get_line(tag)
     series = line.series
@@ -593,6 +663,11 @@ def export(
     for i in issues:
         if not (ISSUES / f"{i}.md").is_file():
             raise Fail(f"{series.parent}: Issue: {i} has no text {ISSUES / f'{i}.md'}")
+    if unknown := sorted(set(numbers or {}) - set(issues)):
+        raise Fail(
+            f"export: --issue {unknown[0]}=N: the series has no Issue: {unknown[0]} "
+            f"(it has: {', '.join(issues)})"
+        )
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -623,7 +698,7 @@ def export(
         gpu_tests = multi_gpu_tests(series.parent / name)
         val = validation.get(name)
         pr.write_text(
-            pr_description(tag, i, len(names), name, mail, val, base, template, gpu_tests)
+            pr_description(tag, i, len(names), name, mail, val, base, template, gpu_tests, numbers)
         )
         report["patches"].append(
             {
@@ -632,12 +707,15 @@ def export(
                 "pr": pr.name,
                 "subject": mail.subject,
                 "author": mail.author,
-                "fixes": _fixes(mail) + [f"issue-{i}" for i in mail.values("Issue")],
+                "fixes": _fixes(mail)
+                + [f"#{numbers[i]}" for i in mail.values("Issue") if i in (numbers or {})]
+                + [f"issue-{i}" for i in mail.values("Issue")],
                 "multi_gpu_tests": gpu_tests,
                 "validation": val,
             }
         )
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "SUBMIT.md").write_text(submit_steps(report, numbers or {}))
     return report
 
 
@@ -659,8 +737,21 @@ def main() -> None:
         help="'Name <email>' for From: and Signed-off-by: (default: git config user.*)",
     )
     ap.add_argument("--no-tests", action="store_true", help="skip the validation runs")
+    ap.add_argument(
+        "--issue",
+        action="append",
+        default=[],
+        metavar="NAME=NUMBER",
+        help="the number upstream gave the filed issue-NAME.md: the PRs say Fixes #NUMBER",
+    )
     args = ap.parse_args()
-    report = export(args.tag, args.out, args.signoff, not args.no_tests)
+    numbers = {}
+    for given in args.issue:
+        name, _, number = given.partition("=")
+        if not number.isdigit():
+            raise Fail(f"export: --issue {given!r}: expected NAME=NUMBER, e.g. {name or 'X'}=54321")
+        numbers[name] = int(number)
+    report = export(args.tag, args.out, args.signoff, not args.no_tests, numbers)
     out = args.out or ROOT / "build" / "export" / args.tag
     for p in report["patches"]:
         print(f"{out / p['mail']}\n{out / p['pr']}")
