@@ -435,3 +435,32 @@ def test_quantization_is_said_not_replayed(capsys):
     assert report["facts"]["quantization"] == "fp8", report["facts"]
     assert "not replayed" in report["quantized"], report
     assert code in (doctor.EXIT_FIXED, doctor.EXIT_OK)
+
+
+def _readme_doctor_example() -> tuple[str, str]:
+    """The README's doctor command (its ```sh block) and the output shown below it."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Will my deployment crash?") :]
+    block = section[section.index("```sh\n") + len("```sh\n") :]
+    command, _, rest = block.partition("```\n```\n")
+    return command.strip(), rest[: rest.index("```")]
+
+
+@pytest.mark.slow
+def test_readme_doctor_command_from_a_fresh_clone(tmp_path: Path):
+    """The README's doctor command, as written, in a fresh clone of this
+    repository's HEAD (no build/venv: the command sets it up, installs what
+    the replays import and fetches what it needs; downloads come from the
+    shared cache as they would on a second machine of a user): the exit code
+    of a crash the wheel fixes, and the output the README shows."""
+    command, shown = _readme_doctor_example()
+    assert command.startswith("./build.sh doctor -- vllm serve "), command
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    assert not (clone / "build").exists()
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=clone, text=True, capture_output=True, timeout=1800
+    )
+    assert proc.returncode == doctor.EXIT_FIXED, proc.stderr[-4000:]
+    assert proc.stdout == shown, proc.stdout
+    assert "setting up" in proc.stderr  # it made its own venv
