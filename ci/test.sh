@@ -61,7 +61,8 @@ tier() {
     local name=$1 expr=$2 rc=0
     shift 2
     echo "==> pytest: $name tier (-m \"$expr\")"
-    "$VENV_PY" -m pytest -m "$expr" "$@" || rc=$?
+    # --durations: the slowest tests, to keep CI's time in view
+    "$VENV_PY" -m pytest -m "$expr" --durations=15 "$@" || rc=$?
     return "$rc"
 }
 fast=0 slow=0
