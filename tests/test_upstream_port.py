@@ -537,7 +537,8 @@ def _sizing_port_0_33_0(name: str) -> None:
     lifetime = sizing[ARF] + _diff_of(PORT / name, CUDA_COMM)
     assert "-    def __del__(self) -> None:" in lifetime
     assert "+            destroy_fi_ar_workspace()" in lifetime
-    assert "+        _fi_ar_retired_workspaces.append(ws)" in sizing[FI_AR]
+    retire = "_fi_ar_retired_workspaces.append(ws)"  # at any indentation
+    assert any(x.startswith("+") and x[1:].strip() == retire for x in sizing[FI_AR])
     assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in sizing[FI_AR]
     assert "def __del__" not in (port_tree() / ARF).read_text()
     call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
