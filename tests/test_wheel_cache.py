@@ -30,8 +30,8 @@ def _wheel(folder: Path, data: bytes = b"the wheel's bytes") -> Path:
 
 def test_a_stored_wheel_comes_back_with_its_bytes(cache: Path, tmp_path: Path):
     line = get_line()
-    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
-    got = wheel_cache.restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"))
+    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    got = _restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"))
     assert got == tmp_path / "staging" / NAME
     assert got.read_bytes() == b"the wheel's bytes"
 
@@ -46,8 +46,8 @@ def test_a_stored_wheel_comes_back_with_its_bytes(cache: Path, tmp_path: Path):
 )
 def test_other_inputs_are_a_miss(cache: Path, tmp_path: Path, other):
     line = get_line()
-    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
-    assert wheel_cache.restore(line, *other, _mkdir(tmp_path / "staging")) is None
+    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    assert _restore(line, *other, _mkdir(tmp_path / "staging")) is None
     assert not list((tmp_path / "staging").iterdir())
 
 
@@ -63,13 +63,11 @@ def test_the_key_covers_the_series_and_the_build_code(monkeypatch):
 
 def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path: Path):
     line = get_line()
-    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
     (entry,) = (cache / "built" / "v0.27.1-x86_64").iterdir()
     (entry / NAME).write_bytes(b"tampered")
     warned = []
-    got = wheel_cache.restore(
-        line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"), warned.append
-    )
+    got = _restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"), warned.append)
     assert got is None
     assert not list((tmp_path / "staging").iterdir())  # the copy is gone too
     assert len(warned) == 1 and "not the bytes recorded" in warned[0] and NAME in warned[0]
@@ -78,14 +76,22 @@ def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path:
 
 def test_storing_replaces_the_older_entries_of_the_line_and_arch(cache: Path, tmp_path: Path):
     line = get_line()
-    wheel_cache.store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "a", b"eight"))
-    wheel_cache.store(line, "0.27.1+tpfix.9", "x86_64", 1, _wheel(tmp_path / "b", b"nine"))
-    wheel_cache.store(line, "0.27.1+tpfix.8", "aarch64", 1, _wheel(tmp_path / "c", b"arm"))
+    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "a", b"eight"))
+    _store(line, "0.27.1+tpfix.9", "x86_64", 1, _wheel(tmp_path / "b", b"nine"))
+    _store(line, "0.27.1+tpfix.8", "aarch64", 1, _wheel(tmp_path / "c", b"arm"))
     assert len(list((cache / "built" / "v0.27.1-x86_64").iterdir())) == 1
     staging = _mkdir(tmp_path / "staging")
-    assert wheel_cache.restore(line, "0.27.1+tpfix.8", "x86_64", 1, staging) is None
-    assert wheel_cache.restore(line, "0.27.1+tpfix.9", "x86_64", 1, staging).read_bytes() == b"nine"
-    assert wheel_cache.restore(line, "0.27.1+tpfix.8", "aarch64", 1, staging).read_bytes() == b"arm"
+    assert _restore(line, "0.27.1+tpfix.8", "x86_64", 1, staging) is None
+    assert _restore(line, "0.27.1+tpfix.9", "x86_64", 1, staging).read_bytes() == b"nine"
+    assert _restore(line, "0.27.1+tpfix.8", "aarch64", 1, staging).read_bytes() == b"arm"
+
+
+def _store(line, version: str, arch: str, epoch: int, wheel: Path) -> None:
+    wheel_cache.store(line, arch, wheel_cache.key(line, version, arch, epoch), wheel)
+
+
+def _restore(line, version: str, arch: str, epoch: int, dest: Path, warn=print) -> Path | None:
+    return wheel_cache.restore(line, arch, wheel_cache.key(line, version, arch, epoch), dest, warn)
 
 
 def _mkdir(path: Path) -> Path:

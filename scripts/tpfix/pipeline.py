@@ -310,7 +310,8 @@ def _build(
     sdist = fetch_sdist(tag)
     official = fetch_wheel(arch, tag)
     epoch = source_date_epoch(sdist)
-    wheel = wheel_cache.restore(line, version, arch, epoch, staging, _step) if cached else None
+    entry_key = wheel_cache.key(line, version, arch, epoch)  # the inputs, before any work
+    wheel = wheel_cache.restore(line, arch, entry_key, staging, _step) if cached else None
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     try:
         if wheel:
@@ -319,7 +320,7 @@ def _build(
             wheel = _build_and_verify(
                 arch, workdir, line, staging, version, names, official, epoch, tree_parent
             )
-            wheel_cache.store(line, version, arch, epoch, wheel)
+            wheel_cache.store(line, arch, entry_key, wheel)
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
         others = [dist / p for p in other_arches(dist, wheel)]
         extras = describe(wheel, line, sdist, official, arch, epoch, signer, others)

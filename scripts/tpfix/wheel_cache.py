@@ -49,11 +49,12 @@ def _slot(line: Line, arch: str) -> Path:
     return cache_dir() / "built" / f"{line.tag}-{arch}"
 
 
-def restore(line: Line, version: str, arch: str, epoch: int, dest: Path, warn=print) -> Path | None:
-    """The cached wheel for these inputs, copied into folder `dest` and its
-    bytes checked there; None when there is none, or when its bytes are not
-    those recorded (the entry is then removed, with a warning)."""
-    entry = _slot(line, arch) / key(line, version, arch, epoch)
+def restore(line: Line, arch: str, entry_key: str, dest: Path, warn=print) -> Path | None:
+    """The cached wheel of `entry_key` (key(), taken before the build), copied
+    into folder `dest` and its bytes checked there; None when there is none,
+    or when its bytes are not those recorded (the entry is then removed, with
+    a warning)."""
+    entry = _slot(line, arch) / entry_key
     try:
         (wheel,) = entry.glob("*.whl")
         want = (entry / "sha256").read_text().strip()
@@ -70,12 +71,14 @@ def restore(line: Line, version: str, arch: str, epoch: int, dest: Path, warn=pr
     return None
 
 
-def store(line: Line, version: str, arch: str, epoch: int, wheel: Path) -> None:
-    """Keep a verified `wheel` as the entry for these inputs (replacing the
-    line's and arch's older entries); written aside, then renamed in."""
+def store(line: Line, arch: str, entry_key: str, wheel: Path) -> None:
+    """Keep a verified `wheel` as the entry of `entry_key`, the key taken
+    before it was built, so that a series or build code edited meanwhile
+    does not file it under inputs it was not built from (replacing the line's
+    and arch's older entries); written aside, then renamed in."""
     slot = _slot(line, arch)
     slot.mkdir(parents=True, exist_ok=True)
-    entry = slot / key(line, version, arch, epoch)
+    entry = slot / entry_key
     with cache_lock(f"built-{line.tag}-{arch}"):
         tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=slot))
         try:
