@@ -554,7 +554,7 @@ def pr_description(
     gpu_tests: list[str] | None = None,
     numbers: dict[str, int] | None = None,
 ) -> str:
-    fixes = _fixes(mail) + [f"#{numbers[i]}" for i in mail.values("Issue") if i in (numbers or {})]
+    fixes = _fixes(mail) + _filed(mail, numbers)
     claims = mail.values("Claim") or [mail.subject]
     based = f"`{tag}`" + (f" (commit {base})" if base else "")
     depends = f" Applies on top of PATCH 1..{n - 1} of this series." if n > 1 else ""
@@ -606,6 +606,11 @@ def pr_description(
         "- [x] AI assistance was used during the creation of this PR.",
     )
     return "\n".join(lines) + ("\n" + checklist.strip() + "\n" if checklist else "")
+
+
+def _filed(mail, numbers: dict[str, int] | None) -> list[str]:
+    """`#N` for each `Issue:` of `mail` that was filed upstream as number N."""
+    return [f"#{numbers[i]}" for i in mail.values("Issue") if i in (numbers or {})]
 
 
 def submit_steps(report: dict, numbers: dict[str, int]) -> str:
@@ -708,7 +713,7 @@ def export(
                 "subject": mail.subject,
                 "author": mail.author,
                 "fixes": _fixes(mail)
-                + [f"#{numbers[i]}" for i in mail.values("Issue") if i in (numbers or {})]
+                + _filed(mail, numbers)
                 + [f"issue-{i}" for i in mail.values("Issue")],
                 "multi_gpu_tests": gpu_tests,
                 "validation": val,
