@@ -7,8 +7,12 @@
 # even when the first fails; the command fails when either does.
 # Sets up build/venv (build + test requirements, and vLLM v0.27.1's common
 # runtime requirements for the scenario tests), shared with ./build.sh.
-# Extra arguments go to pytest in both tiers, e.g.  ci/test.sh -k bug_a
-# (a -m of your own replaces the tiers: one pytest run with your selection).
+# Each tier runs on pytest-xdist workers, one per core (at most 4): a file
+# whose tests share module fixtures runs on one worker (tests/conftest.py's
+# ONE_WORKER, which replaces xdist's scheduler; see docs/developing.md).
+# Extra arguments go to pytest in both tiers, e.g.  ci/test.sh -k bug_a, or
+# -n 0 for one process (a -m of your own replaces the tiers: one pytest run
+# with your selection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,11 +50,12 @@ echo "==> lint: ruff (scripts, tests), shellcheck"
 "$VENV_PY" -m ruff format --check scripts tests
 shellcheck build.sh ci/*.sh .ci/run
 
+workers=(-n auto --maxprocesses 4 --dist loadscope)
 for arg in "$@"; do
     case $arg in
     -m | -m* | --markexpr | --markexpr=*)
         echo "==> pytest (your own -m)"
-        exec "$VENV_PY" -m pytest "$@"
+        exec "$VENV_PY" -m pytest "${workers[@]}" "$@"
         ;;
     esac
 done
@@ -62,7 +67,7 @@ tier() {
     shift 2
     echo "==> pytest: $name tier (-m \"$expr\")"
     # --durations: the slowest tests, to keep CI's time in view
-    "$VENV_PY" -m pytest -m "$expr" --durations=15 "$@" || rc=$?
+    "$VENV_PY" -m pytest -m "$expr" "${workers[@]}" --durations=15 "$@" || rc=$?
     return "$rc"
 }
 fast=0 slow=0

@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""ci/test.sh runs the tests on pytest-xdist workers: a test file with a
+module-scoped fixture must run on one worker (conftest.ONE_WORKER), or each
+worker would make the fixture again (bug A's suites, the image, the rebase
+report: minutes each)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ONE_WORKER, _Scheduling
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _module_fixtures(path: Path) -> list[str]:
+    """Names of the fixtures `path` declares with scope="module" or "class"."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for dec in node.decorator_list:
+            if isinstance(dec, ast.Call) and any(
+                k.arg == "scope" and getattr(k.value, "value", None) in ("module", "class")
+                for k in dec.keywords
+            ):
+                out.append(node.name)
+    return out
+
+
+def test_every_file_with_a_module_fixture_runs_on_one_worker():
+    found = {p.name: _module_fixtures(p) for p in sorted(TESTS.glob("test_*.py"))}
+    spread = {name: fx for name, fx in found.items() if fx and name not in ONE_WORKER}
+    assert not spread, f"add these files to ONE_WORKER in tests/conftest.py: {spread}"
+    assert "test_bug_a.py" in found and found["test_bug_a.py"], "the scan finds nothing"
+    assert set(ONE_WORKER) <= set(found), set(ONE_WORKER) - set(found)
+
+
+def test_scopes():
+    split = _Scheduling._split_scope
+    bisect, bug_a = (split(None, f"tests/{f}::t[x]") for f in ("test_bisect.py", "test_bug_a.py"))
+    assert bisect == bug_a  # the suites they share are computed once
+    assert split(None, "tests/test_image.py::a") == split(None, "tests/test_image.py::b")
+    assert split(None, "tests/test_doctor.py::a") != split(None, "tests/test_doctor.py::b")
