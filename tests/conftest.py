@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from repo_copy import copy_repo
 from xdist.scheduler import LoadScopeScheduling
 
 from tpfix.lines import Line, get_line, line_names
@@ -47,6 +48,12 @@ class _Scheduling(LoadScopeScheduling):
 
 def pytest_xdist_make_scheduler(config, log):
     return _Scheduling(config, log)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the repository's build inputs to break (tests/repo_copy.py)."""
+    return copy_repo(tmp_path / "repo")
 
 
 def run_build_sh(dist: Path, work: Path, line: str | None = None, *args: str) -> Path:

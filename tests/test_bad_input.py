@@ -18,38 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_copy import run_in_copy, run_pipeline
 
 from tpfix.lines import get_line, sdist_pin
 from tpfix.patch_format import read_series
-from tpfix.util import ROOT, cache_dir
+from tpfix.util import cache_dir
 
 FAKE_SHA = "0" * 64
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    copy = tmp_path / "repo"
-    copy.mkdir()
-    for part in ("scripts", "pins", "patches", "ci"):
-        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
-    for f in ("VERSION", "build.sh"):
-        shutil.copy2(ROOT / f, copy / f)
-    return copy
-
-
-def _run(repo: Path, *args: str, env: dict | None = None, cache: Path | None = None):
-    # the copy's own tpfix package, not this checkout's
-    e = dict(os.environ, PYTHONPATH=str(repo / "scripts"), **(env or {}))
-    if cache is not None:
-        e["VLLM_DIST_CACHE"] = str(cache)
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=repo,
-        env=e,
-        text=True,
-        capture_output=True,
-        timeout=600,
-    )
 
 
 def _set_sdist_sha(repo: Path, sha: str) -> None:
@@ -61,7 +36,7 @@ def _set_sdist_sha(repo: Path, sha: str) -> None:
 def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     _set_sdist_sha(repo, FAKE_SHA)
     cache = tmp_path / "cache"
-    proc = _run(repo, "-m", "tpfix.patch", str(tmp_path / "tree"), cache=cache)
+    proc = run_in_copy(repo, "-m", "tpfix.patch", str(tmp_path / "tree"), cache=cache)
     assert proc.returncode == 2
     err = proc.stderr
     assert "vllm-0.27.1.tar.gz: sha256 mismatch" in err
@@ -83,7 +58,7 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     entry.parent.mkdir(parents=True)
     good = cache_dir() / "sha256" / pin.sha256 / pin.filename
     entry.write_bytes(good.read_bytes()[: pin.size // 3])
-    proc = _run(
+    proc = run_in_copy(
         repo,
         "-c",
         "from tpfix.fetch import fetch_sdist; print(fetch_sdist('v0.27.1'))",
@@ -116,7 +91,7 @@ def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
             'version = "0.27.1"\nrole = "sdist"', 'version = "0.27.99"\nrole = "sdist"'
         )
     )
-    proc = _run(repo, "-m", "tpfix.fetch", cache=tmp_path / "cache")
+    proc = run_in_copy(repo, "-m", "tpfix.fetch", cache=tmp_path / "cache")
     assert proc.returncode == 2
     assert "vllm-0.27.1.tar.gz: vllm==0.27.99 is not available" in proc.stderr
 
@@ -141,7 +116,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 ):
     name = _break_patch(repo, how)
     dest = tmp_path / "out" / "tree"
-    proc = _run(repo, "-m", "tpfix.patch", str(dest))
+    proc = run_in_copy(repo, "-m", "tpfix.patch", str(dest))
     assert proc.returncode == 2, proc.stderr
     assert f"patches/v0.27.1/{name}" in proc.stderr
     assert "docker/Dockerfile" in proc.stderr
@@ -151,7 +126,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 
 
 def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
-    proc = _run(repo, "-m", "tpfix.patch", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
+    proc = run_in_copy(repo, "-m", "tpfix.patch", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
     assert proc.returncode == 2
     assert "`quilt` not found on PATH; install it (Debian: apt-get install quilt)" in proc.stderr
     assert not (tmp_path / "t").exists()
@@ -161,7 +136,7 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     cache, dist = tmp_path / "cache", tmp_path / "dist"
 
     def build(*args: str):
-        return _run(repo, "-m", "tpfix.pipeline", "--dist", str(dist), *args, cache=cache)
+        return run_pipeline(repo, dist, None, *args, cache=cache)
 
     proc = build("--line", "v9.9.9")
     assert proc.returncode == 2 and "invalid choice: 'v9.9.9'" in proc.stderr
@@ -205,7 +180,7 @@ def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
     read = "lines.read_version(lines.LINES / lines.TAG / 'VERSION')"
     code = f"from tpfix import lines, util; util.main_wrapper(lambda: {read})"
-    proc = _run(repo, "-c", code)
+    proc = run_in_copy(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -283,7 +258,7 @@ def test_second_build_in_the_same_folders_stops_naming_the_first(repo: Path, tmp
     first = _first_build(repo, work, dist)
     try:
         t0 = time.monotonic()
-        proc = _run(repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(work))
+        proc = run_pipeline(repo, dist, work)
         took = time.monotonic() - t0
         assert proc.returncode == 2, proc.stderr
         assert took < 30, took  # at once: before fetching anything
@@ -296,9 +271,7 @@ def test_second_build_in_the_same_folders_stops_naming_the_first(repo: Path, tmp
         assert "Traceback" not in err
         assert "==> patch" not in err
         # Its own work folder, the same dist folder: refused too, naming the dist.
-        proc = _run(
-            repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(tmp_path / "w2")
-        )
+        proc = run_pipeline(repo, dist, tmp_path / "w2")
         assert proc.returncode == 2, proc.stderr
         assert f"error: dist folder {dist} is in use by another build: pid {first.pid}" in (
             proc.stderr
@@ -322,14 +295,10 @@ def test_lock_of_a_killed_build_does_not_block(repo: Path, tmp_path: Path):
     assert f"pid: {first.pid}\n" in (work / ".lock").read_text()  # its lock file stays
     # A build that stops at its first download (empty cache, no index: no
     # network either): it got past the locks and the clean-up.
-    proc = _run(
+    proc = run_pipeline(
         repo,
-        "-m",
-        "tpfix.pipeline",
-        "--dist",
-        str(dist),
-        "--workdir",
-        str(work),
+        dist,
+        work,
         env={"PIP_NO_INDEX": "1"},
         cache=tmp_path / "cache",
     )

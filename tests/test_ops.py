@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_copy import run_pipeline
 from small_dist import SIDE, check_sums, keypair, publish_small, sha, sums
-from test_bad_input import _run, repo  # noqa: F401  (repo: the fixture)
 from test_index import make_wheel
 
 from tpfix import package, pipeline
@@ -162,9 +162,7 @@ def test_a_build_from_another_checkout_into_the_same_dist_is_refused(repo: Path,
     )
     try:
         assert other.stdout.readline() == "locked\n"
-        proc = _run(
-            repo, "-m", "tpfix.pipeline", "--dist", str(dist), "--workdir", str(tmp_path / "w")
-        )
+        proc = run_pipeline(repo, dist, tmp_path / "w")
         assert proc.returncode == 2, proc.stderr
         assert f"error: dist folder {dist} is in use by another build" in proc.stderr
         assert "./build.sh --dist DIR" in proc.stderr and "Traceback" not in proc.stderr
@@ -189,14 +187,10 @@ def test_read_only_dist_or_parent_is_refused_before_any_download(repo: Path, tmp
         with pytest.raises(OSError):
             (ro / "probe").write_text("a read-only mount")
         for dist, cause in ((ro / "dist", ""), (ro / "new" / "dist", f": {ro / 'new'}")):
-            proc = _run(
+            proc = run_pipeline(
                 repo,
-                "-m",
-                "tpfix.pipeline",
-                "--dist",
-                str(dist),
-                "--workdir",
-                str(tmp_path / "work"),
+                dist,
+                tmp_path / "work",
                 env={"PIP_NO_INDEX": "1"},
                 cache=tmp_path / "cache",
             )
@@ -210,14 +204,10 @@ def test_read_only_dist_or_parent_is_refused_before_any_download(repo: Path, tmp
 def test_too_little_space_is_refused_before_any_download(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
     with _tmpfs(tmp_path / "small", "8m") as small:
         dist = small / "dist"
-        proc = _run(
+        proc = run_pipeline(
             repo,
-            "-m",
-            "tpfix.pipeline",
-            "--dist",
-            str(dist),
-            "--workdir",
-            str(tmp_path / "work"),
+            dist,
+            tmp_path / "work",
             env={"PIP_NO_INDEX": "1"},
             cache=tmp_path / "cache",
         )
@@ -231,14 +221,10 @@ def test_too_little_space_is_refused_before_any_download(repo: Path, tmp_path: P
         assert str(tmp_path / "work") not in line  # that one has room
         assert not dist.exists()  # a failed pre-check leaves no folder it created
         # the operator's override: past the check, to the first download
-        proc = _run(
+        proc = run_pipeline(
             repo,
-            "-m",
-            "tpfix.pipeline",
-            "--dist",
-            str(dist),
-            "--workdir",
-            str(tmp_path / "work"),
+            dist,
+            tmp_path / "work",
             env={"PIP_NO_INDEX": "1", pipeline.SPACE_CHECK_ENV: "0"},
             cache=tmp_path / "cache",
         )
@@ -322,14 +308,10 @@ def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path
     a small work file system: one `error:` line, no setuptools text."""
     with _tmpfs(tmp_path / "small", "200m") as small:
         work = small / "work"
-        proc = _run(
+        proc = run_pipeline(
             repo,
-            "-m",
-            "tpfix.pipeline",
-            "--dist",
-            str(tmp_path / "dist"),
-            "--workdir",
-            str(work),
+            tmp_path / "dist",
+            work,
             "--no-cache",  # a real tree and setup.py, not the cached wheel
             env={pipeline.SPACE_CHECK_ENV: "0"},
         )
@@ -348,14 +330,10 @@ def test_a_full_work_disk_mid_build_is_one_error_line(repo: Path, tmp_path: Path
 @pytest.mark.slow  # downloads the pinned sdist (pip)
 def test_a_full_download_cache_is_one_error_line_naming_it(repo: Path, tmp_path: Path):  # noqa: F811 (the fixture)
     with _tmpfs(tmp_path / "cache", "20m") as cache:  # the sdist alone is 39 MB
-        proc = _run(
+        proc = run_pipeline(
             repo,
-            "-m",
-            "tpfix.pipeline",
-            "--dist",
-            str(tmp_path / "dist"),
-            "--workdir",
-            str(tmp_path / "work"),
+            tmp_path / "dist",
+            tmp_path / "work",
             cache=cache,
         )
         assert proc.returncode == 2, proc.stderr
