@@ -25,9 +25,11 @@ import pytest
 
 from tpfix.lines import Line, get_line, line_names, load_pins
 from tpfix.lines import revision_problems as problems
+from tpfix.maint.port_facts import FILE
+from tpfix.maint.port_facts import load as load_facts
 from tpfix.patch_format import read_series
 from tpfix.support_matrix import WHEEL_FACTS
-from tpfix.util import ROOT
+from tpfix.util import ROOT, Fail
 
 # downloads the sdist and both official wheels of each line, replays scenarios
 pytestmark = pytest.mark.slow
@@ -100,7 +102,7 @@ def test_pins_equal_the_committed_ones(made):
 
 def test_classification_equals_the_committed_one(made):
     tag, copy, proc = made
-    folder = copy / "patches" / tag
+    folder, line = copy / "patches" / tag, get_line(tag)
     ours = json.loads((folder / "rebase.json").read_text())
     committed = json.loads((get_line(tag).patches / "rebase.json").read_text())
     assert ours == committed
@@ -120,6 +122,20 @@ def test_classification_equals_the_committed_one(made):
     assert read_series(get_line(tag).series) == [
         n for n, s in ours["patches"].items() if s != "absorbed"
     ]
+    # port.toml: what the report recorded, as the committed facts say; each
+    # `why` left to the maintainer (load refuses it so)
+    recorded, facts = (tomllib.loads((f / FILE).read_text()) for f in (folder, line.patches))
+    for name, rec in recorded["report"].items():
+        assert rec.pop("why") == ""
+        want = {k: v for k, v in facts["report"][name].items() if k in rec}
+        want["checks"] = [
+            {k: v for k, v in c.items() if k not in ("result", "contains")}
+            for c in want.get("checks", [])
+        ]
+        assert {**rec, "checks": rec.get("checks", [])} == want, name
+    assert list(recorded.get("port", {})) == carried
+    with pytest.raises(Fail, match=r"port.toml \[report.'0.*'\]: no `why`"):
+        load_facts(Line.at(folder))
     # an absorbed verdict came from the patch's scenario, run on a tree of the tag
     if "absorbed" in ours["patches"].values():
         assert f": {tag} green (fixed)" in proc.stdout

@@ -24,11 +24,11 @@ started with start_line (and ported) is covered with no edit here.
   follow vLLM's template, with `Fixes #...` from `Bug:` and the Claims from
   the `Claim:` fields.
 
-What a rebase showed beyond the data (which files conflict and why, key
-lines of each port) is kept per tag in REPORT_FACTS / PORT_FACTS below and
-checked for the line it names when that line is the newest.  Patches are
-named by the series files and told apart by the scenario their header names
-(the fix they show), not by file name.
+What a rebase showed beyond the classification (which files conflict and
+why, what each check gave) and what each port must keep (its key lines, the
+details of its scenarios) are data: patches/<tag>/port.toml
+(tpfix/maint/port_facts.py), read for the line tested here; a line without
+them fails.  Patches are named by the series files.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +56,8 @@ from tpfix.maint.export import (
     vllm_tests,
     with_files,
 )
+from tpfix.maint.port_facts import fixes, mismatches
+from tpfix.maint.port_facts import load as load_facts
 from tpfix.maint.rebase import Trees, classify, format_table, rebase
 from tpfix.patch import cached_tree, pristine_tree
 from tpfix.patch_format import read_patch, read_series, split
@@ -79,55 +80,26 @@ FROM = COMMITTED["from"]  # the source line, the one whose series moved to TAG
 PATCHES = get_line(FROM).patches
 SOURCE = read_series(get_line(FROM).series)
 PORTED = read_series(SERIES)
-SEED_A = (
-    "token_num (8192) * hidden_dim (2560) exceeds workspace max_token_num "
-    "(8192) * hidden_dim (2048)"
-)
-INSUFFICIENT = "The buffer size in the given workspace is insufficient"
-ARF = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
-FI_AR = "vllm/distributed/device_communicators/flashinfer_all_reduce.py"
-CUDA_COMM = "vllm/distributed/device_communicators/cuda_communicator.py"
-WORKER = "vllm/v1/worker/gpu_worker.py"
-CONFIG = "vllm/config/vllm.py"
-WS_TEST = "tests/compile/passes/distributed/test_fusion_all_reduce_workspace.py"
 GPU_SKIP = "Need at least 2 GPUs"
 SIGNOFF = "Export Tester <export-tester@users.noreply.github.com>"
 
 
+def _origin(name: str) -> Path:
+    """The folder of the patch a port comes from: the source line's, or for a
+    patch of this line only (`new` in port.toml), this line's."""
+    return PORT if FACTS["port"].get(name, {}).get("new") else PATCHES
+
+
 def _scenarios(name: str) -> list[str]:
-    """module:function of each `Scenario:` field of patches/NAME."""
-    header = read_patch(PATCHES / name).header
+    """module:function of each `Scenario:` field of the patch NAME comes from."""
+    header = read_patch(_origin(name) / name).header
     return [v.split()[0].split("(")[0] for v in header.get_all("Scenario")]
 
 
-def _named(spec: str) -> str | None:
-    """The patch of the source series whose header names scenario `spec`
-    (None when none does)."""
-    names = [n for n in SOURCE if spec in _scenarios(n)]
-    assert len(names) <= 1, (spec, names)
-    return names[0] if names else None
-
-
-# The fixes the facts of the v0.33.0 rebase name (REPORT_FACTS, PORT_FACTS),
-# by the scenario each shows: None where the source series has no such patch.
-SIZING = _named("bug_a:warm_start")  # bug A: created at load, lives with the TP group
-AGREEMENT = _named("bug_a:creation_failure")  # bug A: all ranks agree on creation
-RANGES = _named("bug_a:fused_ranges")  # each model keeps its fused range
-STANDALONE = _named("bug_a:standalone")  # the standalone all-reduce asks (vllm#50932)
-
-
-def _fixes(patchfile: Path) -> list[str]:
-    """What the port's pull request says it fixes: #N of the vLLM issue of
-    its `Bug:` field, and issue-<id> for each `Issue: <id>` (an upstream
-    issue the export writes, to be filed first)."""
-    header = read_patch(patchfile).header
-    bug = header.get("Bug") or ""
-    m = re.fullmatch(r"https://github\.com/vllm-project/vllm/issues/(\d+)", bug)
-    return ([f"#{m.group(1)}"] if m else []) + [f"issue-{i}" for i in header.get_all("Issue")]
-
-
-# what each port's pull request fixes, from the header of the source line's patch
-FIXES = {n: _fixes(PATCHES / n) for n in PORTED}
+FACTS = load_facts(get_line(TAG))  # patches/<tag>/port.toml
+NEW = [n for n in PORTED if FACTS["port"][n].get("new")]  # this line's own patches
+# what each port's pull request fixes, from the header of the patch it comes from
+FIXES = {n: fixes(_origin(n) / n) for n in PORTED}
 
 
 def both(first, second):
@@ -229,7 +201,7 @@ def test_each_patch_is_classified_by_its_scenarios(report, name):
     conflicting one is not (a check red on the target needs no look back),
     lists its hunks and leaves a diff3 merge of each conflicting file; one
     that builds on an earlier conflicting patch names it.  What the rebase
-    onto TAG showed beyond that is checked from REPORT_FACTS."""
+    onto TAG showed beyond that is checked from port.toml."""
     rec = _record(report, name)
     assert rec["status"] == COMMITTED["patches"][name], rec["detail"]
     if rec.get("how") != "reverse-applies":
@@ -255,116 +227,31 @@ def test_each_patch_is_classified_by_its_scenarios(report, name):
         for path in rec["merge_conflicts"]:  # a diff3 merge to resolve, or why there is none
             text = _merged(report, name, path)
             assert "<<<<<<< target tag" in text or "not in the target tag" in text, text
-    for spec in _scenarios(name):
-        if facts := REPORT_FACTS.get(TAG, {}).get(spec):
-            facts(report, rec)
+    _check_report_facts(report, rec, FACTS["report"][name])
 
 
-def _pin_absorbed_0_33_0(report: dict, rec: dict) -> None:
-    """v0.33.0 pins FlashInfer 0.7.2.post1: the bug C scenario is red on
-    v0.27.1 before the pin and green on pristine v0.33.0 (on this Python <
-    3.12, where the check discriminates)."""
-    assert (rec["status"], rec["how"]) == ("absorbed", "checks")
-    (check,) = rec["checks"]
-    assert check["spec"] == "bug_c:import_flashinfer_all_reduce"
-    assert check["target"]["passed"] is True
-    assert check["target"]["result"]["flashinfer"] == "0.7.2.post1"
-    assert check["pinned_before"]["passed"] is False
-
-
-def _standalone_absorbed_0_33_0(report: dict, rec: dict) -> None:
-    """v0.33.0 has vllm#50932 (the standalone all-reduce asks the workspace)
-    in its own words: the backport's scenario is red on v0.27.1 before it
-    and green on pristine v0.33.0."""
-    assert (rec["status"], rec["how"]) == ("absorbed", "checks")
-    (check,) = rec["checks"]
-    assert check["spec"] == "bug_a:standalone" and check["kwargs"]["passes_first"]
-    assert check["target"]["passed"] is True
-    assert check["pinned_before"]["passed"] is False
-
-
-def _sizing_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The bug-A patch conflicts on its own (no earlier patch left behind):
-    vllm#52193 sizes the pass's workspace with `self.workspace_hidden_dim`
-    where the patch replaces the pass's own width; flashinfer_all_reduce.py's
-    imports moved (the per-group `_node_count` where the patch adds
-    `get_tp_group` next to `get_node_count`); v0.33.0's
-    CudaCommunicator.destroy() tears down the PCIe IPC all-reduce where the
-    patch releases the workspace.  The worker and test hunks merge.  Both
-    checks are red on pristine v0.33.0: the warm start (the seed's
-    ValueError), and the drafter's collected pass, whose __del__ v0.33.0
-    still has, destroys the workspace: not absorbed."""
-    assert rec["status"] == "conflicts", rec["detail"]
-    assert rec["after_uncarried"] == {}
-    assert set(_conflict_hunks(rec)) == {ARF, FI_AR, CUDA_COMM}
-    assert set(rec["merge_conflicts"]) == {ARF, FI_AR, CUDA_COMM}
-    assert "self.workspace_hidden_dim" in _upstream_side(report, rec["name"], ARF)
-    assert "import _node_count" in _upstream_side(report, rec["name"], FI_AR)
-    assert "fi_pcie_ipc_ar_comm" in _upstream_side(report, rec["name"], CUDA_COMM)
-    for path in rec["merge_conflicts"]:  # the diff3 merges are there to resolve
-        assert "<<<<<<< target tag" in _merged(report, rec["name"], path)
-    warm, collected = rec["checks"]
-    assert warm["spec"] == "bug_a:warm_start"
-    assert warm["target"]["passed"] is False
-    assert warm["target"]["result"]["error"] == "ValueError"
-    assert SEED_A in warm["target"]["result"]["message"]
-    assert collected["spec"] == "bug_a:drafter_pass_collected"
-    result = collected["target"]["result"]
-    assert collected["target"]["passed"] is False, result
-    assert result["destroyed"] >= 1 and result["alive_after_gc"] is False, result
-    for check in rec["checks"]:  # red on the target: no need to look back
-        assert "pinned_before" not in check
-
-
-def _agreement_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The v0.27.1 patch backports the failure latches that v0.33.0 already
-    has (`_fi_ar_workspace_failed = True` on the target side).  v0.33.0
-    attempts creation once but decides per rank: with a peer's creation
-    failing, this rank keeps its workspace (red)."""
-    assert rec["status"] == "conflicts", rec["detail"]
-    assert list(rec["after_uncarried"]) == [SIZING]
-    assert set(rec["merge_conflicts"]) == {WS_TEST, FI_AR}
-    upstream = _upstream_side(report, rec["name"], FI_AR)
-    assert "_fi_ar_workspace_failed = True" in upstream
-    assert "_fi_ar_quant_workspace_failed = True" in upstream
-    (check,) = rec["checks"]
-    assert (check["spec"], check["kwargs"]) == ("bug_a:creation_failure", {"where": "peer"})
-    result = check["target"]["result"]
-    assert check["target"]["passed"] is False, result
-    for start in ("cold", "warm"):
-        assert result[start]["attempts"] == 1, result  # upstream's latch
-        assert result[start]["workspace"] != result[start]["peer_workspace"], result
-
-
-def _ranges_conflicts_0_33_0(report: dict, rec: dict) -> None:
-    """The v0.27.1 patch adds the width helper that v0.33.0 has from
-    vllm#52193 (`_fused_ar_workspace_hidden_dim`, widest for every config
-    with a draft): that conflicts; the rest builds on the three bug A
-    patch and the agreement.  With an EAGLE-3 head wider than the target, pristine v0.33.0
-    fuses no token for either model (red)."""
-    assert rec["status"] == "conflicts", rec["detail"]
-    assert list(rec["after_uncarried"]) == [SIZING, AGREEMENT]
-    assert set(rec["merge_conflicts"]) == {WS_TEST, ARF}
-    assert "def _fused_ar_workspace_hidden_dim(" in _upstream_side(report, rec["name"], ARF)
-    (check,) = rec["checks"]
-    assert (check["spec"], check["kwargs"]) == ("bug_a:fused_ranges", {"spec_method": "eagle3"})
-    result = check["target"]["result"]
-    assert check["target"]["passed"] is False, result
-    assert {m["fused_up_to"] for m in result["models"].values()} == {0}, result
-
-
-# What the rebase onto a tag showed beyond its rebase.json (why each patch
-# conflicts, what its checks gave), per patch by the scenario its header names:
-# {tag: {scenario: check(report, record)}}, checked when the tag is the newest.
-REPORT_FACTS: dict[str, dict[str, Callable[[dict, dict], None]]] = {
-    "v0.33.0": {
-        "bug_c:import_flashinfer_all_reduce": _pin_absorbed_0_33_0,
-        "bug_a:standalone": _standalone_absorbed_0_33_0,
-        "bug_a:warm_start": _sizing_conflicts_0_33_0,  # and bug_a:drafter_pass_collected
-        "bug_a:creation_failure": _agreement_conflicts_0_33_0,
-        "bug_a:fused_ranges": _ranges_conflicts_0_33_0,
-    },
-}
+def _check_report_facts(report: dict, rec: dict, facts: dict) -> None:
+    """What port.toml says the rebase showed for this patch: the conflicts
+    it builds on and the files left to merge, what the tag's side of them
+    holds, each check's outcome on the tag (and on the source tag before
+    the patch) and what its result holds."""
+    why = f"{rec['name']}: {facts['why']}"
+    if rec["status"] == "conflicts":
+        assert list(rec["after_uncarried"]) == facts["after_uncarried"], why
+        assert sorted(rec["merge_conflicts"]) == sorted(facts["conflicts"]), why
+    for path, texts in facts.get("upstream_side", {}).items():
+        side = _upstream_side(report, rec["name"], path)
+        assert all(x in side for x in texts), (why, path, texts)
+    assert [c["spec"] for c in rec["checks"]] == [c["spec"] for c in facts.get("checks", [])]
+    for check, fact in zip(rec["checks"], facts.get("checks", []), strict=True):
+        assert not mismatches(check["kwargs"], fact.get("kwargs", {})), (why, check)
+        assert check["target"]["passed"] is fact["target"], (why, check)
+        if "pinned_before" in fact:
+            assert check["pinned_before"]["passed"] is fact["pinned_before"], (why, check)
+        else:
+            assert "pinned_before" not in check, (why, check)
+        got = check["target"]["result"]
+        assert not mismatches(got, fact.get("result", {}), fact.get("contains")), (why, got)
 
 
 # -- the classification machinery, on synthetic trees --------------------------------
@@ -475,12 +362,14 @@ def test_classify_absorbed_needs_a_discriminating_check(tmp_path):
 
 def test_port_has_pins_and_carries_every_unabsorbed_fix():
     """The same names as the source series, in its order, less the absorbed
-    ones (patches/<tag>/rebase.json)."""
+    ones (patches/<tag>/rebase.json), and the patches of this line only
+    (`new` in port.toml)."""
     assert (PORT / "pins.toml").exists()
     status = COMMITTED["patches"]
     assert list(status) == SOURCE
     carried = [n for n in SOURCE if status[n] != "absorbed"]
-    assert carried == PORTED
+    assert [n for n in PORTED if n not in NEW] == carried
+    assert not set(NEW) & set(SOURCE), NEW  # a patch of the source line is carried
     assert PORTED  # a line with nothing to carry would be the pristine tag
 
 
@@ -500,117 +389,59 @@ def test_port_applies_exactly_and_refreshes_to_itself(tmp_path):
 def test_port_keeps_its_fix(name):
     """Each port fixes what the source line's patch fixes: the same `Bug:`
     (its upstream issue), the same scenarios (test_port_scenario_... runs
-    them), its Claims; the key lines of each port of TAG are in PORT_FACTS."""
-    port, source = read_patch(PORT / name).header, read_patch(PATCHES / name).header
+    them), its Claims; what each port keeps is in port.toml."""
+    port, source = read_patch(PORT / name).header, read_patch(_origin(name) / name).header
     assert port.get("Bug") == source.get("Bug"), name
     assert port.get_all("Issue") == source.get_all("Issue"), name
-    assert _fixes(PORT / name) == FIXES[name], name
+    assert fixes(PORT / name) == FIXES[name], name
     # a hardening patch fixes no issue; it says which it relates to
     assert FIXES[name] or port.get_all("Related"), name
     assert patch_checks(PORT / name) and [c.spec for c in patch_checks(PORT / name)] == (
         _scenarios(name)
     )
     assert port.get_all("Claim"), f"{name}: no Claim: fields"
-    for spec in _scenarios(name):
-        if facts := PORT_FACTS.get(TAG, {}).get(spec):
-            facts(name)
+    if not FIXES[name]:  # hardening: its title says no [Bugfix]
+        assert "Bugfix" not in port.mail_field("Subject"), name
+    _check_port_facts(name, FACTS["port"][name])
 
 
-def _sizing_port_0_33_0(name: str) -> None:
-    """Only what v0.33.0 lacks, on top of vllm#52193: its width helper and
-    its tests stay (in every port); one shape helper that the pass shares;
-    the GPU worker creates the workspace once the model runner has loaded
-    the models (warm starts: no fusion pass; no creation in CUDA graph
-    capture).  vllm#52193 fixed the cold start with a wider draft upstream;
-    the port keeps it fixed.  The pass no longer frees the workspace, the TP
-    group's teardown does; a smaller workspace an earlier engine left is
-    retired at load, not destroyed, and suspend and checkpoint cover it."""
-    for other in PORTED:  # upstream's helper and its tests are kept
-        text = (PORT / other).read_text()
-        assert "-def _fused_ar_workspace_hidden_dim(" not in text, other
-        assert "-def test_fused_ar_workspace_hidden_dim" not in text, other
-    sizing = {p: _diff_of(PORT / name, p) for p in (ARF, FI_AR, WORKER)}
-    assert any(x.startswith("+def fi_ar_workspace_shape(") for x in sizing[FI_AR])
-    assert any(x.startswith("+def init_fi_ar_fusion_workspace(") for x in sizing[FI_AR])
-    assert "+            max_token_num=rows," in sizing[ARF]
-    assert any("fi_ar_workspace_shape(" in x for x in sizing[ARF] if x.startswith("+"))
-    lifetime = sizing[ARF] + _diff_of(PORT / name, CUDA_COMM)
-    assert "-    def __del__(self) -> None:" in lifetime
-    assert "+            destroy_fi_ar_workspace()" in lifetime
-    retire = "_fi_ar_retired_workspaces.append(ws)"  # at any indentation
-    assert any(x.startswith("+") and x[1:].strip() == retire for x in sizing[FI_AR])
-    assert "+    workspaces = [*_fi_ar_retired_workspaces, _fi_ar_workspace]" in sizing[FI_AR]
-    assert "def __del__" not in (port_tree() / ARF).read_text()
-    call = "+            flashinfer_all_reduce.init_fi_ar_fusion_workspace(self.vllm_config)"
-    assert call in sizing[WORKER]
-    # its cold-then-warm start at TP2 is for upstream's multi-GPU CI
-    assert any(
-        "test_draft_wider_than_target_cold_then_warm_start" in t
-        for t in multi_gpu_tests(PORT / name)
-    )
-    assert FIXES[name] == ["issue-fusion-workspace-crash"], FIXES
-    for other in PORTED:  # not forwarded yet
-        assert read_patch(PORT / other).header.get("Forwarded") == "no", other
-    worker = (port_tree() / WORKER).read_text()
-    load = worker[worker.index("    def load_model(") :]
-    assert load.index("self.model_runner.load_model(") < load.index("init_fi_ar_fusion_workspace(")
-    trees = port_tree(""), port_tree()  # the cold start: green on pristine and port
-    for res in both(*(lambda t=t: run_scenario(t, "bug_a:cold_start") for t in trees)):
-        assert "error" not in res, res
-        ws = res["workspaces"]["_fi_ar_workspace"]
-        assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560)
-
-
-def _agreement_port_0_33_0(name: str) -> None:
-    """All ranks agree on creation (a MIN all-reduce); hardening, no Fixes."""
-    agreement = _diff_of(PORT / name, FI_AR)
-    assert "+    dist.all_reduce(created, op=dist.ReduceOp.MIN, group=group)" in agreement
-    assert FIXES[name] == [] and "Bugfix" not in read_patch(PORT / name).header.mail_field(
-        "Subject"
-    )
-
-
-def _ranges_port_0_33_0(name: str) -> None:
-    """The pass's token bound and the compile range use one width helper."""
-    config = _diff_of(PORT / name, CONFIG)
-    assert any(x.startswith("+") and "_fused_ar_workspace_hidden_dim(self)" in x for x in config)
-    assert any("not spec.uses_draft_model()" in x for x in _diff_of(PORT / name, ARF))
-    assert FIXES[name] == ["issue-lost-fusion"], FIXES
-
-
-# The key lines of each port of a tag (what a reviewer of that port checked),
-# per patch by the scenario its header names: {tag: {scenario: check(name)}},
-# checked when the tag is the newest.
-PORT_FACTS: dict[str, dict[str, Callable[[str], None]]] = {
-    "v0.33.0": {
-        "bug_a:warm_start": _sizing_port_0_33_0,  # and bug_a:drafter_pass_collected
-        "bug_a:creation_failure": _agreement_port_0_33_0,
-        "bug_a:fused_ranges": _ranges_port_0_33_0,
-    },
-}
+def _check_port_facts(name: str, facts: dict) -> None:
+    """What port.toml says the port keeps: what its pull request fixes, the
+    lines its diff adds and removes, upstream's code no port removes, what
+    the ported tree holds (or lacks) and in which order, its multi-GPU
+    tests, and scenarios green on trees of the tag."""
+    why = f"{name}: {facts['why']}"
+    assert FIXES[name] == facts["fixes"], (why, FIXES[name])
+    for sign, part in (("+", "adds"), ("-", "removes")):
+        for path, texts in facts.get(part, {}).items():
+            lines = [x[1:] for x in _diff_of(PORT / name, path) if x.startswith(sign)]
+            for text in texts:
+                assert any(text in x for x in lines), (why, part, path, text)
+    for text in facts.get("kept_upstream", []):
+        for other in PORTED:
+            diff = split((PORT / other).read_text())[1].splitlines()
+            removed = [x for x in diff if x.startswith("-") and not x.startswith("---")]
+            assert not any(text in x for x in removed), (why, other, text)
+    for path, texts in facts.get("tree_lacks", {}).items():
+        content = (port_tree(name) / path).read_text()
+        assert not any(x in content for x in texts), (why, path, texts)
+    for path, texts in facts.get("tree_order", {}).items():
+        content = (port_tree(name) / path).read_text()
+        region = content[content.index(texts[0]) :]
+        at = [region.index(x) for x in texts]
+        assert at == sorted(at), (why, path, texts)
+    tests = multi_gpu_tests(PORT / name)
+    for test in facts.get("multi_gpu_tests", []):
+        assert any(test in t for t in tests), (why, test, tests)
+    for green in facts.get("green", []):
+        trees = [port_tree("") if t == "pristine" else port_tree(name) for t in green["on"]]
+        runs = [lambda t=t, s=green["spec"]: run_scenario(t, s) for t in trees]
+        for res in both(*runs) if len(runs) == 2 else [r() for r in runs]:
+            assert "error" not in res, (why, res)
+            assert not mismatches(res, green.get("result", {})), (why, res)
 
 
 # -- red on the pristine tag (or the ports before), green with the port ----------------
-
-
-def _warm_start_details(before: dict, after: dict) -> None:
-    assert before["result"]["error"] == "ValueError", before
-    assert SEED_A in before["result"]["message"], before
-    ws = after["result"]["workspaces"]["_fi_ar_workspace"]
-    assert (ws["max_token_num"], ws["hidden_dim"]) == (8192, 2560), after
-    assert len(after["result"]["created"]) == 1, after
-
-
-def _ranges_details(before: dict, after: dict) -> None:
-    """SM90 TP4, target 2048 / draft 2560: the target fused up to the
-    drafter's 409 tokens (vllm#52193's widest bound); with the port up to
-    its own 512."""
-    assert before["result"]["models"]["target"]["fused_up_to"] == 409, before
-    assert after["result"]["models"]["target"]["fused_up_to"] == 512, after
-    assert after["result"]["models"]["draft"]["fused_up_to"] == 409, after
-
-
-DETAILS = {"bug_a:warm_start": _warm_start_details, "bug_a:fused_ranges": _ranges_details}
 
 
 @pytest.mark.parametrize("name", PORTED)
@@ -626,8 +457,10 @@ def test_port_scenario_red_before_green_with_it(name):
         )
         assert before["passed"] is False, (check.spec, before)
         assert after["passed"] is True, (check.spec, after)
-        if check.spec in DETAILS:
-            DETAILS[check.spec](before, after)
+        if detail := FACTS["port"][name].get("red_green", {}).get(check.spec):
+            got = before["result"], after["result"]
+            assert not mismatches(got[0], detail.get("before", {}), detail.get("before_contains"))
+            assert not mismatches(got[1], detail.get("after", {}), detail.get("after_contains"))
 
 
 def _changed_tests(patchfile: Path) -> set[str]:

@@ -26,6 +26,10 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
   VERSION      <TAG>+tpfix.1: the line's first revision (tpfix.maint.revision)
   CHANGELOG.md its entry, with the fingerprint of the series, patches and pins
   rebase.json  the classification it was made from: {patch: status}
+  port.toml    what the rebase recorded of each patch (its conflicts and
+               checks) and a [port] entry per carried patch, each `why` left
+               for the maintainer to write (tpfix.maint.port_facts; the port
+               tests fail until it is)
 
 Nothing is left when the line already exists or a step fails (the folder is
 removed again, also on SIGTERM); VERSION is written last, so a folder without
@@ -45,6 +49,7 @@ from pathlib import Path
 
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names, newest_line
+from tpfix.maint import port_facts
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
 from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
@@ -160,6 +165,7 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
         (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (dest / port_facts.FILE).write_text(port_facts.record(report, carried))
         (dest / "CHANGELOG.md").write_text(
             f"# {tag} line: changelog\n\n## {tag[1:]}+{LABEL}.1\n\n"
             f"fingerprint: sha256:{fingerprint(Line.at(dest))}\n\n"
@@ -192,7 +198,10 @@ def main() -> None:
     dest, report = new_line(args.tag, get_line(args.source), not args.no_checks)
     print(format_table(report))
     left = [r["name"] for r in report["patches"] if r["status"] == "conflicts"]
-    print(f"\n{shown(dest)}: pins.toml (review the hashes), series, VERSION, rebase.json")
+    print(
+        f"\n{shown(dest)}: pins.toml (review the hashes), series, VERSION, rebase.json,"
+        f" {port_facts.FILE} (write each `why`)"
+    )
     if left:
         print(f"to port by hand (diff3 merges in {shown(dest / 'conflicts')}): " + ", ".join(left))
 
