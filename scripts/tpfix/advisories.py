@@ -8,7 +8,7 @@
     python -m tpfix.advisories --requirements PINNED.txt         # a pinned set of your own
     python -m tpfix.advisories --service osv [--osv-url URL] [--index-url URL]
 
-1. The dependency set.  By default uv resolves the wheel as the official
+1. The dependency set.  By default uv resolves (tpfix.resolution) the wheel as the official
    image installs it: that image's Python (the pins' `image-python`) and
    platform (manylinux for the glibc of the Ubuntu its docker/Dockerfile
    names), binary wheels only, markers evaluated for that target (pip's
@@ -59,7 +59,6 @@ import argparse
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,108 +68,15 @@ from hashlib import sha256
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
 from tpfix.lines import Line, get_line, line_names
 from tpfix.package import add_to_dist, check_signer, find_wheel
+from tpfix.resolution import needed, resolve, target
 from tpfix.triage import load_triage
 from tpfix.util import Fail, add_sign_arg, main_wrapper, shown
-from tpfix.wheelfile import wheel_arch, wheel_requirements
+from tpfix.wheelfile import wheel_arch
 from tpfix.worklock import dist_lock
-
-# glibc of the Ubuntu release the official image's docker/Dockerfile names.
-UBUNTU_GLIBC = {"20.04": "2_31", "22.04": "2_35", "24.04": "2_39"}
-
-
-# --- the dependency set ------------------------------------------------------------
-
-
-def target(line: Line, arch: str) -> dict:
-    """Python, platform and marker environment of the line's official image."""
-    from tpfix.fetch import fetch_sdist
-    from tpfix.support_matrix import dockerfile_arg, pin_facts
-
-    python = pin_facts(line).get("image-python")
-    ubuntu = dockerfile_arg(fetch_sdist(line.tag), "UBUNTU_VERSION")
-    if not python or ubuntu not in UBUNTU_GLIBC:
-        raise Fail(
-            f"{line.tag}: the official image's Python ({python}) or Ubuntu ({ubuntu}, "
-            f"from the sdist's docker/Dockerfile) is not known; known: {sorted(UBUNTU_GLIBC)}"
-        )
-    env = {
-        "python_version": python,
-        "python_full_version": f"{python}.0",
-        "platform_machine": arch,
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "os_name": "posix",
-        "implementation_name": "cpython",
-        "platform_python_implementation": "CPython",
-        "extra": "",
-    }
-    return {"python": python, "platform": f"{arch}-manylinux_{UBUNTU_GLIBC[ubuntu]}", "env": env}
-
-
-def needed(wheel: Path, env: dict) -> set[str]:
-    """The wheel's requirements that apply on the target, without extras."""
-    return {
-        canonicalize_name(r.name)
-        for r in wheel_requirements(wheel)
-        if r.marker is None or Marker(str(r.marker)).evaluate(env)
-    }
-
-
-def _uv() -> str:
-    uv = Path(sys.executable).with_name("uv")
-    found = str(uv) if uv.exists() else shutil.which("uv")
-    if not found:
-        raise Fail("uv is not installed: ./build.sh installs it (ci/requirements-build.txt)")
-    return found
-
-
-def resolve(wheel: Path, tgt: dict, index_url: str | None = None) -> list[tuple[str, str]]:
-    """(name, version) of everything the wheel installs with on the target (uv)."""
-    cmd = [
-        _uv(),
-        "pip",
-        "compile",
-        "-",
-        "--quiet",
-        "--no-header",
-        "--no-annotate",
-        "--python-version",
-        tgt["python"],
-        "--python-platform",
-        tgt["platform"],
-        "--only-binary",
-        ":all:",
-        "--no-python-downloads",
-        "--python",
-        sys.executable,
-    ]
-    if index_url:
-        cmd += ["--default-index", index_url]
-    proc = subprocess.run(
-        cmd, input=f"vllm @ {wheel.resolve().as_uri()}\n", text=True, capture_output=True
-    )
-    if proc.returncode != 0:
-        raise Fail(
-            f"uv could not resolve the requirements of {wheel.name} for Python "
-            f"{tgt['python']} on {tgt['platform']} from the index, so they cannot be "
-            "audited:\n  "
-            + _tail(proc.stderr, 6)
-            + "\n  (an index of your own: --index-url; a pinned set: --requirements FILE)"
-        )
-    pins = []
-    for ln in proc.stdout.splitlines():
-        ln = ln.split("#", 1)[0].strip()
-        if " @ " in ln:  # the wheel itself, by its file URL
-            pins.append((ln.split(" @ ")[0].strip(), wheel.name.split("-")[1]))
-        elif ln:
-            name, _, version = ln.partition("==")
-            pins.append((name.strip(), version.split(";")[0].strip()))
-    return pins
 
 
 def read_requirements(path: Path) -> list[tuple[str, str]]:
@@ -224,13 +130,6 @@ def _listed(items: list[str], limit: int = 20) -> str:
     """`items` one an indented line, the first `limit`, then how many were left out."""
     more = [f"... and {len(items) - limit} more"] if len(items) > limit else []
     return "\n  ".join([*items[:limit], *more])
-
-
-def _tail(text: str, limit: int) -> str:
-    """The last `limit` lines of `text`, saying how many came before them."""
-    lines = text.strip().splitlines()
-    cut = [f"({len(lines) - limit} earlier lines left out)"] if len(lines) > limit else []
-    return "\n  ".join([*cut, *lines[-limit:]])
 
 
 def _sources(service: str, osv_url: str | None) -> tuple[str, str]:
