@@ -64,13 +64,18 @@ def keypair(folder: Path, password: bytes | None = None) -> tuple[Path, Path]:
 
 
 def publish_small(
-    tmp: Path, version: str = "0.27.1+tpfix.3", key: Path | None = None, arch: str | None = None
+    tmp: Path,
+    version: str = "0.27.1+tpfix.3",
+    key: Path | None = None,
+    arch: str | None = None,
+    requires: tuple[str, ...] | None = None,
 ):
     """The package stage on a tiny wheel: returns (dist, wheel, sdist, official).
     With `arch`, the wheel is named for it as ./build.sh --arch names ours, and
-    published beside the other arch's wheel of its version, as the pipeline does."""
+    published beside the other arch's wheel of its version, as the pipeline does.
+    `requires`: its Requires-Dist (default make_wheel's)."""
     staging, dist = tmp / "staging", tmp / "dist"
-    wheel = make_wheel(staging, version)
+    wheel = make_wheel(staging, version, **({} if requires is None else {"requires": requires}))
     if arch is not None:
         wheel = wheel.rename(staging / f"vllm-{version}-cp38-abi3-manylinux_2_28_{arch}.whl")
     sdist, official = tmp / "vllm-0.27.1.tar.gz", tmp / "vllm-0.27.1-py3-none-any.whl"

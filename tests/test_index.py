@@ -44,10 +44,12 @@ def make_wheel(
     version: str = VERSION,
     name: str = "vllm",
     requires: tuple[str, ...] = ("flashinfer-python==0.6.16.post4",),
+    fields: tuple[str, ...] = (),
 ) -> Path:
-    """A minimal pure-Python wheel (METADATA, WHEEL, RECORD), of project vllm by default."""
+    """A minimal pure-Python wheel (METADATA, WHEEL, RECORD), of project vllm by
+    default; `fields` are more METADATA lines ("License-Expression: MIT")."""
     dist_info = f"{name}-{version}.dist-info"
-    reqs = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    reqs = "".join(f"Requires-Dist: {r}\n" for r in requires) + "".join(f"{f}\n" for f in fields)
     files = {
         f"{name}/__init__.py": f'__version__ = "{version}"\n'.encode(),
         f"{dist_info}/METADATA": (

@@ -1,0 +1,369 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The resolved SBOM: what the wheel installs on the line's reference platform.
+
+    python -m tpfix.resolved_sbom                   # the default line's dist/
+    python -m tpfix.resolved_sbom --line v0.33.0    # dist/v0.33.0/
+    python -m tpfix.resolved_sbom [--arch aarch64] [--index-url URL] [--sign-key KEY]
+
+The wheel's SBOM (<wheel>.cdx.json, tpfix.sbom) lists what the wheel declares:
+its Requires-Dist ranges.  A scanner wants what gets installed, so this step
+writes <wheel>.resolved.cdx.json beside it (CycloneDX 1.6) and adds it to
+SHA256SUMS (signed again with --sign-key, as tpfix.advisories does):
+
+  * the set is the one the advisories audit (tpfix.resolution): uv pip compile
+    of the wheel, without extras, for the official image's CPython (the pins'
+    `image-python`) on manylinux for the wheel's arch, binary wheels only,
+    from the index uv is configured with or --index-url;
+  * every component: the exact version, purl pkg:pypi/<name>@<version>, the
+    sha256 of the wheel uv locked for the target and that wheel's URL, and a
+    license where the wheel's core metadata states one: License-Expression,
+    else a short one-line License, else its `License ::` classifiers
+    (tpfix:license-source says which); none where it states none.  The
+    metadata is read as PEP 658 publishes it (<wheel URL>.metadata, from the
+    index uv resolved from): no wheel is downloaded;
+  * the root is our wheel (the bom-ref of the wheel's SBOM, which it links);
+    the dependency graph is each package's Requires-Dist that applies on the
+    target (with the extras another package asks of it);
+  * a `compositions` aggregate `complete` for that graph, and metadata
+    properties saying for which platform and Python, how and when it was
+    resolved, and what it leaves out.
+
+It depends on the index today, so it is a separate step, not part of
+./build.sh.  If the resolution or a metadata file fails, it exits 2 with one
+line and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from email.message import Message
+from pathlib import Path
+
+from cyclonedx.contrib.license.factories import LicenseFactory
+from cyclonedx.contrib.this.builders import this_component
+from cyclonedx.model import (
+    ExternalReference,
+    ExternalReferenceType,
+    HashAlgorithm,
+    HashType,
+    Property,
+    XsUri,
+)
+from cyclonedx.model.bom import Bom
+from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.contact import OrganizationalContact, OrganizationalEntity
+from cyclonedx.model.license import (
+    DisjunctiveLicense,
+    LicenseAcknowledgement,
+    LicenseExpression,
+)
+from cyclonedx.output.json import JsonV1Dot6
+from packageurl import PackageURL
+from packaging.markers import Marker
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tpfix import sbom
+from tpfix.lines import Line, get_line, line_names, read_version
+from tpfix.package import add_to_dist, check_signer, find_wheel
+from tpfix.resolution import lock, pick_wheel, target, uv_version
+from tpfix.util import Fail, add_sign_arg, main_wrapper
+from tpfix.wheelfile import parse_metadata, requirements, wheel_arch, wheel_message
+from tpfix.worklock import dist_lock
+
+SUFFIX = ".resolved.cdx.json"
+SHORT_LICENSE = 64  # a License field longer than this, or of several lines, is a text
+INVENTORY = (
+    "resolved: every Python package the wheel installs with (no extras of vllm) on "
+    "{platform} with CPython {python}, the official image's, at the version uv resolved "
+    "and the sha256 of the wheel it locked; not the image (OS packages, CUDA libraries "
+    "outside Python packages, what the image adds: the image's SBOM lists those), not "
+    "another platform or Python; the wheel's declared ranges are in {declared}"
+)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def fetch_metadata(url: str, name: str, version: str, timeout: float = 60) -> Message:
+    """The core metadata of the wheel at `url`, as PEP 658 serves it beside the
+    wheel (`<url>.metadata`); it must name `name` and `version`."""
+    meta_url = url.split("#", 1)[0] + ".metadata"
+    try:
+        with urllib.request.urlopen(meta_url, timeout=timeout) as r:  # noqa: S310
+            text = r.read().decode("utf-8")
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "reason", None) or e
+        raise Fail(
+            f"the core metadata (PEP 658) of {name} {version} could not be read from "
+            f"{_redacted(meta_url)} ({_one_line(why)}), so its license is not known "
+            "and nothing was written"
+        ) from None
+    meta = parse_metadata(text)
+    got = (canonicalize_name(meta.get("Name", "")), meta.get("Version", ""))
+    if got[0] != canonicalize_name(name) or not got[1] or Version(got[1]) != Version(version):
+        raise Fail(
+            f"{_redacted(meta_url)} describes {got[0]} {got[1]}, not {name} {version}: "
+            "the index does not serve the wheel's own metadata; nothing was written"
+        )
+    return meta
+
+
+def _redacted(url: str) -> str:
+    """`url` without user:password (an index's credentials stay out of files)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urllib.parse.urlunsplit(
+        parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host)
+    )
+
+
+def licenses_of(meta: Message) -> tuple[list, str | None]:
+    """The licenses the metadata states, and the field they come from: its
+    License-Expression, else a short License, else its `License ::`
+    classifiers; ([], None) where it states none."""
+    declared = LicenseAcknowledgement.DECLARED
+    expr = (meta.get("License-Expression") or "").strip()
+    if expr:
+        return [LicenseExpression(expr, acknowledgement=declared)], "License-Expression"
+    text = (meta.get("License") or "").strip()
+    if text and "\n" not in text and len(text) <= SHORT_LICENSE and text.upper() != "UNKNOWN":
+        return [
+            LicenseFactory().make_from_string(text, license_acknowledgement=declared)
+        ], "License"
+    names = [
+        c.split("::")[-1].strip()
+        for c in meta.get_all("Classifier") or []
+        if c.startswith("License ::") and c.strip() != "License :: OSI Approved"
+    ]
+    if names:
+        found = [DisjunctiveLicense(name=n, acknowledgement=declared) for n in dict.fromkeys(names)]
+        return found, "classifier"
+    return [], None
+
+
+def _applies(req, env: dict, extras: set[str]) -> bool:
+    if req.marker is None:
+        return True
+    marker = Marker(str(req.marker))
+    return any(marker.evaluate({**env, "extra": e}) for e in ["", *sorted(extras)])
+
+
+def dependency_graph(requires: dict[str, list], env: dict, root: str) -> dict[str, set[str]]:
+    """{package: the packages of the set it depends on}: each package's
+    requirements that apply on the target, with the extras the packages that
+    depend on it ask for (the root: none)."""
+    extras: dict[str, set[str]] = {n: set() for n in requires}
+    edges: dict[str, set[str]] = {n: set() for n in requires}
+    changed = True
+    while changed:
+        changed = False
+        for name, reqs in requires.items():
+            for r in reqs:
+                dep = canonicalize_name(r.name)
+                if dep not in requires or not _applies(r, env, extras[name]):
+                    continue
+                new = {canonicalize_name(e) for e in r.extras} - extras[dep]
+                if dep not in edges[name] or new:
+                    edges[name].add(dep)
+                    extras[dep] |= new
+                    changed = True
+    edges[root].discard(root)
+    return edges
+
+
+def _sha256(hexdigest: str) -> HashType:
+    return HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)
+
+
+def _properties(source: str | None) -> list[Property]:
+    return [
+        Property(name="tpfix:license-source", value=source or "none stated in its metadata"),
+        Property(name="tpfix:supplier", value=sbom.SUPPLIER_UNKNOWN),
+    ]
+
+
+def resolved_bom(
+    wheel: Path, digest: str, line: Line, tgt: dict, packages: list[dict], metas: dict, how: dict
+) -> Bom:
+    """The resolved SBOM of `wheel` from the locked `packages` and the core
+    metadata of each ({canonical name: Message})."""
+    distribution = OrganizationalEntity(name=sbom.DISTRIBUTION)
+    own = wheel_message(wheel)
+    version = own["Version"]
+    root_licenses, root_source = licenses_of(own)
+    root = Component(
+        type=ComponentType.LIBRARY,
+        name="vllm",
+        version=version,
+        purl=PackageURL("pypi", name="vllm", version=version, qualifiers={"file_name": wheel.name}),
+        bom_ref=f"pkg:pypi/vllm@{version}",  # the root of the wheel's SBOM
+        supplier=distribution,
+        manufacturer=distribution,
+        hashes=[_sha256(digest)],
+        licenses=root_licenses,
+        external_references=[
+            ExternalReference(
+                type=ExternalReferenceType.BOM,
+                url=XsUri(f"{wheel.name}.cdx.json"),
+                comment="the wheel's SBOM: its pedigree (upstream, the series) and the "
+                "requirements as it declares them",
+            )
+        ],
+        properties=_properties(root_source)[:1],
+    )
+    comps = {"vllm": root}
+    for p in packages:
+        name = canonicalize_name(p["name"])
+        if name == "vllm":
+            continue
+        w = pick_wheel(p, tgt)
+        found, source = licenses_of(metas[name])
+        url = XsUri(_redacted(w["url"]))
+        comps[name] = Component(
+            type=ComponentType.LIBRARY,
+            name=name,
+            version=p["version"],
+            purl=PackageURL("pypi", name=name, version=p["version"]),  # the wheel: its URL
+            bom_ref=f"pkg:pypi/{name}@{p['version']}",
+            hashes=[_sha256(w["hashes"]["sha256"])],
+            licenses=found,
+            external_references=[
+                ExternalReference(
+                    type=ExternalReferenceType.DISTRIBUTION,
+                    url=url,
+                    hashes=[_sha256(w["hashes"]["sha256"])],
+                    comment="the wheel uv locked for the target",
+                )
+            ],
+            properties=_properties(source),
+        )
+    requires = {
+        n: requirements(own if n == "vllm" else metas[n], f"{n}'s core metadata") for n in comps
+    }
+    bom = Bom(serial_number=uuid.uuid4())
+    bom.metadata.timestamp = datetime.fromisoformat(how["resolved at"])
+    bom.metadata.component = root
+    bom.metadata.authors.add(OrganizationalContact(name=sbom.DISTRIBUTION))
+    bom.metadata.supplier = distribution
+    bom.metadata.manufacturer = distribution
+    bom.metadata.tools.components.add(this_component())
+    bom.metadata.tools.components.add(
+        Component(
+            type=ComponentType.APPLICATION,
+            name="vllm-tpfix-tools",
+            version=read_version(line.version_file),
+            supplier=distribution,
+            description="this repository's scripts/tpfix (tpfix.resolved_sbom)",
+        )
+    )
+    uv_name, _, uv_ver = how["uv"].partition(" ")
+    bom.metadata.tools.components.add(
+        Component(type=ComponentType.APPLICATION, name=uv_name, version=uv_ver.split(" ")[0])
+    )
+    for key, value in [
+        ("tpfix:inventory", how["inventory"]),
+        ("tpfix:platform", tgt["platform"]),
+        ("tpfix:python", f"CPython {tgt['python']} (the official image's: pins image-python)"),
+        ("tpfix:resolved-by", how["command"]),
+        ("tpfix:index", how["index"]),
+        ("tpfix:resolved-at", how["resolved at"]),
+        ("tpfix:extras", "none of vllm's; the extras its dependencies ask of each other"),
+        (
+            "tpfix:license",
+            "as each wheel's core metadata states it (declared), none where "
+            "it states none: License-Expression, else a short License, else License :: "
+            "classifiers",
+        ),
+    ]:
+        bom.metadata.properties.add(Property(name=key, value=value))
+    for c in comps.values():
+        if c is not root:
+            bom.components.add(c)
+    for name, deps in dependency_graph(requires, tgt["env"], "vllm").items():
+        bom.register_dependency(comps[name], [comps[d] for d in sorted(deps)])
+    return bom
+
+
+def dumps(bom: Bom) -> str:
+    """CycloneDX 1.6 JSON with its compositions, checked twice: the JSON
+    schema (tpfix.sbom.validate) and cyclonedx-python-lib's own
+    deserializer, which must read back every component as written."""
+    doc = json.loads(JsonV1Dot6(bom).output_as_string())
+    refs = [doc["metadata"]["component"]["bom-ref"], *(c["bom-ref"] for c in doc["components"])]
+    doc["compositions"] = [{"aggregate": "complete", "dependencies": refs}]
+    text = json.dumps(doc, indent=2) + "\n"
+    sbom.validate(text, "the resolved SBOM")
+    back = Bom.from_json(json.loads(text))  # type: ignore[attr-defined]
+    read = {(c.bom_ref.value, str(c.purl), c.hashes[0].content) for c in back.components}
+    wrote = {(c["bom-ref"], c["purl"], c["hashes"][0]["content"]) for c in doc["components"]}
+    if read != wrote:
+        raise Fail(f"the resolved SBOM does not read back as written: {sorted(read ^ wrote)}")
+    return text
+
+
+def build(wheel: Path, digest: str, line: Line, index_url: str | None, workers: int = 8) -> str:
+    """The resolved SBOM's text (nothing is written here)."""
+    tgt = target(line, wheel_arch(wheel))
+    packages = lock(wheel, tgt, index_url, "so no resolved SBOM was written", tail=0)
+    others = [p for p in packages if canonicalize_name(p["name"]) != "vllm"]
+    chosen = [pick_wheel(p, tgt) for p in others]
+    with ThreadPoolExecutor(workers) as pool:
+        fetched = pool.map(
+            lambda pw: fetch_metadata(pw[1]["url"], pw[0]["name"], pw[0]["version"]),
+            zip(others, chosen, strict=True),
+        )
+        metas = {canonicalize_name(p["name"]): m for p, m in zip(others, fetched, strict=True)}
+    how = {
+        "uv": uv_version(),
+        "command": f"uv pip compile 'vllm @ {wheel.name}' --format pylock.toml "
+        f"--python-version {tgt['python']} --python-platform {tgt['platform']} "
+        "--only-binary :all: (tpfix.resolution)",
+        "index": _redacted(index_url) if index_url else "the index uv is configured with",
+        "resolved at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "inventory": INVENTORY.format(
+            platform=tgt["platform"], python=tgt["python"], declared=f"{wheel.name}.cdx.json"
+        ),
+    }
+    return dumps(resolved_bom(wheel, digest, line, tgt, packages, metas, how))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
+    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    ap.add_argument(
+        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
+    )
+    ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
+    add_sign_arg(ap)
+    args = ap.parse_args()
+    from tpfix.attest import signing_key
+
+    signer = signing_key(args.sign_key)
+    line = get_line(args.line)
+    dist = (args.dist or line.dist).resolve()
+    with dist_lock(dist, "resolve another folder: --dist DIR"):
+        check_signer(dist, signer)  # before the work: its file goes into dist/
+        wheel, digest = find_wheel(dist, args.arch)
+        text = build(wheel, digest, line, args.index_url)
+        doc = json.loads(text)
+        for path in add_to_dist(dist, {Path(f"{wheel.name}{SUFFIX}"): text}, signer=signer):
+            print(path)
+        print(f"{len(doc['components'])} resolved components", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main_wrapper(main)
