@@ -300,3 +300,16 @@ def test_a_failed_resolution_exits_2_in_one_line_and_writes_nothing(tmp_path: Pa
     assert line.startswith("error: uv could not resolve the requirements of vllm-")
     assert "so no resolved SBOM was written (uv: " in line
     assert _files(dist) == before
+
+
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
+def test_metadata_the_index_lacks_or_of_another_release_is_refused(index):
+    url, _, _ = index
+    files = url.removesuffix("/simple")
+    meta = resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
+    assert resolved_sbom.licenses_of(meta)[1] == "License-Expression"
+    with pytest.raises(Fail) as e:
+        resolved_sbom.fetch_metadata(f"{files}/dep_x-1.0-py3-none-any.whl", "dep-x", "1.0")
+    assert "(HTTP 404: the index serves no PEP 658 metadata for it;" in str(e.value)
+    with pytest.raises(Fail, match="describes dep-a 1.0, not dep-a 2.0"):
+        resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "2.0")

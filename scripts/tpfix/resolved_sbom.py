@@ -69,8 +69,7 @@ from cyclonedx.model.license import (
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.markers import Marker
-from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.utils import canonicalize_name, canonicalize_version
 
 from tpfix import sbom
 from tpfix.lines import Line, get_line, line_names, read_version
@@ -104,6 +103,10 @@ def fetch_metadata(url: str, name: str, version: str, timeout: float = 60) -> Me
             text = r.read().decode("utf-8")
     except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
         why = getattr(e, "reason", None) or e
+        if getattr(e, "code", None) == 404:  # the index serves none: no wheel is fetched instead
+            why = (
+                "HTTP 404: the index serves no PEP 658 metadata for it; one that does: --index-url"
+            )
         raise Fail(
             f"the core metadata (PEP 658) of {name} {version} could not be read from "
             f"{_redacted(meta_url)} ({_one_line(why)}), so its license is not known "
@@ -111,7 +114,9 @@ def fetch_metadata(url: str, name: str, version: str, timeout: float = 60) -> Me
         ) from None
     meta = parse_metadata(text)
     got = (canonicalize_name(meta.get("Name", "")), meta.get("Version", ""))
-    if got[0] != canonicalize_name(name) or not got[1] or Version(got[1]) != Version(version):
+    if got[0] != canonicalize_name(name) or canonicalize_version(got[1]) != canonicalize_version(
+        version
+    ):
         raise Fail(
             f"{_redacted(meta_url)} describes {got[0]} {got[1]}, not {name} {version}: "
             "the index does not serve the wheel's own metadata; nothing was written"
