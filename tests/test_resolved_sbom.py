@@ -150,7 +150,8 @@ SERVED = {
 
 @pytest.fixture
 def index(tmp_path: Path):
-    """The served index: (URL, {wheel file name: sha256}, the paths asked for)."""
+    """The served index: (URL, {wheel file name: sha256}, the paths asked for,
+    the served folder, the handler class)."""
     from tpfix.index import write_index
 
     served = tmp_path / "served"
@@ -162,14 +163,32 @@ def index(tmp_path: Path):
     asked: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
+        ranges = True  # answer Range requests (206), as package indexes do
+
         def log_message(self, *args):
             asked.append(self.path)
+
+        def do_GET(self):
+            spec, path = self.headers.get("Range"), Path(self.translate_path(self.path))
+            if not (self.ranges and spec and path.is_file()):
+                return super().do_GET()
+            data = path.read_bytes()
+            first, last = spec.removeprefix("bytes=").split("-")
+            start, end = (
+                (len(data) - int(last), len(data) - 1) if not first else (int(first), int(last))
+            )
+            end = min(end, len(data) - 1)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.end_headers()
+            self.wfile.write(data[start : end + 1])
 
     handler = functools.partial(Handler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     digests = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
-    yield f"http://127.0.0.1:{server.server_port}/simple", digests, asked
+    yield f"http://127.0.0.1:{server.server_port}/simple", digests, asked, served, Handler
     server.shutdown()
 
 
@@ -189,7 +208,7 @@ def _files(dist: Path) -> dict:
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_resolved_sbom_from_the_index_for_the_image(tmp_path: Path, index):
-    url, digests, asked = index
+    url, digests, asked, _, _ = index
     dist, wheel, _, _ = publish_small(tmp_path, requires=REQUIRES)
     proc = _run(dist, "--index-url", url)
     assert proc.returncode == 0, proc.stderr
@@ -256,7 +275,7 @@ def test_resolved_sbom_from_the_index_for_the_image(tmp_path: Path, index):
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_the_aarch64_wheel_resolves_for_aarch64_and_signs_again(tmp_path: Path, index):
-    url, _, _ = index
+    url, *_ = index
     priv, pub = keypair(tmp_path)
     dist, wheel, _, _ = publish_small(tmp_path, key=priv, arch="aarch64", requires=REQUIRES)
     before = _files(dist)
@@ -304,12 +323,21 @@ def test_a_failed_resolution_exits_2_in_one_line_and_writes_nothing(tmp_path: Pa
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_metadata_the_index_lacks_or_of_another_release_is_refused(index):
-    url, _, _ = index
+    url, _, asked, served, handler = index
     files = url.removesuffix("/simple")
     meta = resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
     assert resolved_sbom.licenses_of(meta)[1] == "License-Expression"
-    with pytest.raises(Fail) as e:
-        resolved_sbom.fetch_metadata(f"{files}/dep_x-1.0-py3-none-any.whl", "dep-x", "1.0")
-    assert "(HTTP 404: the index serves no PEP 658 metadata for it;" in str(e.value)
     with pytest.raises(Fail, match="describes dep-a 1.0, not dep-a 2.0"):
         resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "2.0")
+    # an index that serves no PEP 658 file: the wheel's own METADATA, by byte
+    # ranges (its central directory and that file, not the wheel)
+    (served / "dep_a-1.0-py3-none-any.whl.metadata").unlink()
+    del asked[:]
+    meta = resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
+    assert resolved_sbom.licenses_of(meta)[1] == "License-Expression"
+    assert asked[0].endswith(".whl.metadata") and len(asked) > 2, asked  # 404, then ranges
+    handler.ranges = False  # one that answers no ranges: refused, nothing downloaded
+    with pytest.raises(Fail, match=r"whl \(the index answers no byte ranges \(HTTP 200\)\)"):
+        resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
+    with pytest.raises(Fail, match=r"dep_x-1.0-py3-none-any.whl \(File not found\)"):
+        resolved_sbom.fetch_metadata(f"{files}/dep_x-1.0-py3-none-any.whl", "dep-x", "1.0")

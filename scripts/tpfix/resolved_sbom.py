@@ -21,7 +21,9 @@ SHA256SUMS (signed again with --sign-key, as tpfix.advisories does):
     else a short one-line License, else its `License ::` classifiers
     (tpfix:license-source says which); none where it states none.  The
     metadata is read as PEP 658 publishes it (<wheel URL>.metadata, from the
-    index uv resolved from): no wheel is downloaded;
+    index uv resolved from), or where the index serves none, from the wheel's
+    own METADATA by HTTP byte ranges (its central directory and that file,
+    at most 16 MiB): no wheel is downloaded;
   * the root is our wheel (the bom-ref of the wheel's SBOM, which it links);
     the dependency graph is each package's Requires-Dist that applies on the
     target (with the extras another package asks of it);
@@ -37,12 +39,14 @@ line and writes nothing.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.message import Message
@@ -94,21 +98,84 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+RANGE_BUDGET = 16 << 20  # bytes of a wheel read by range: its central directory and METADATA
+
+
+class _Ranges(io.RawIOBase):
+    """The file at `url` as a seekable file read with HTTP Range requests
+    (what pip's lazy wheel does), so that zipfile reads a wheel's central
+    directory and one member: kB of a wheel that may be GBs.  An index that
+    does not answer ranges (206), or a read past RANGE_BUDGET, is an OSError."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout, self.pos, self.left = url, timeout, 0, RANGE_BUDGET
+        head = self._get("bytes=-1")
+        self.size = int(head.headers["Content-Range"].rsplit("/", 1)[1])
+
+    def _get(self, spec: str):
+        req = urllib.request.Request(self.url, headers={"Range": spec})
+        r = urllib.request.urlopen(req, timeout=self.timeout)  # noqa: S310
+        if r.status != 206 or "Content-Range" not in r.headers:
+            r.close()
+            raise OSError(f"the index answers no byte ranges (HTTP {r.status})")
+        return r
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.size - self.pos)
+        if n <= 0:
+            return 0
+        self.left -= n
+        if self.left < 0:
+            raise OSError(f"more than {RANGE_BUDGET >> 20} MiB of the wheel read by range")
+        with self._get(f"bytes={self.pos}-{self.pos + n - 1}") as r:
+            data = r.read()
+        buf[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _metadata_by_range(url: str, timeout: float) -> str:
+    """The wheel's own METADATA (its top-level *.dist-info/METADATA), read
+    from the wheel at `url` by byte ranges."""
+    with zipfile.ZipFile(io.BufferedReader(_Ranges(url, timeout), 1 << 18)) as z:
+        names = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        if len(names) != 1:
+            raise OSError(f"the wheel holds {len(names)} top-level .dist-info/METADATA files")
+        return z.read(names[0]).decode("utf-8")
+
+
 def fetch_metadata(url: str, name: str, version: str, timeout: float = 60) -> Message:
     """The core metadata of the wheel at `url`, as PEP 658 serves it beside the
-    wheel (`<url>.metadata`); it must name `name` and `version`."""
-    meta_url = url.split("#", 1)[0] + ".metadata"
+    wheel (`<url>.metadata`), else (HTTP 404: an index that serves none) read
+    from the wheel itself by byte ranges; it must name `name` and `version`."""
+    wheel_url = url.split("#", 1)[0]
+    meta_url = wheel_url + ".metadata"
     try:
-        with urllib.request.urlopen(meta_url, timeout=timeout) as r:  # noqa: S310
-            text = r.read().decode("utf-8")
-    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+        try:
+            with urllib.request.urlopen(meta_url, timeout=timeout) as r:  # noqa: S310
+                text = r.read().decode("utf-8")
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+            meta_url = wheel_url  # no PEP 658 file: the wheel's own, by range
+            text = _metadata_by_range(wheel_url, timeout)
+    except (urllib.error.URLError, OSError, UnicodeDecodeError, zipfile.BadZipFile) as e:
         why = getattr(e, "reason", None) or e
-        if getattr(e, "code", None) == 404:  # the index serves none: no wheel is fetched instead
-            why = (
-                "HTTP 404: the index serves no PEP 658 metadata for it; one that does: --index-url"
-            )
         raise Fail(
-            f"the core metadata (PEP 658) of {name} {version} could not be read from "
+            f"the core metadata of {name} {version} could not be read from "
             f"{_redacted(meta_url)} ({_one_line(why)}), so its license is not known "
             "and nothing was written"
         ) from None
