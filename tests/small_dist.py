@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from google.protobuf import json_format
 from in_toto_attestation.v1 import statement_pb2
 from in_toto_attestation.v1.statement import Statement
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import attest, package
 from tpfix.lines import get_line

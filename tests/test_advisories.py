@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from small_dist import check_sums, publish_small, sums
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import advisories, sbom, triage
 from tpfix.lines import get_line, line_names

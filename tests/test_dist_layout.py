@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import image, package, pipeline
 from tpfix.lines import Release, dist_state, get_line, line_names, read_version

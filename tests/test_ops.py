@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from repo_copy import run_pipeline
 from small_dist import SIDE, check_sums, keypair, publish_small, sha, sums
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import package, pipeline
 from tpfix.lines import get_line

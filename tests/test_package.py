@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from small_dist import SIDE, check_sums, publish_small, sha, statement, sums
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import package
 from tpfix.lines import get_line, sdist_pin, wheel_pin
@@ -179,9 +179,9 @@ def test_built_dist_holds_valid_sbom_provenance_and_index(built_wheel: Path):
         "simple/vllm/index.html",
     }
     check_sums(dist)
-    from test_sbom import _check_sbom
+    from sbom_checks import check_wheel_sbom
 
-    _check_sbom(
+    check_wheel_sbom(
         dist / f"{built_wheel.name}.cdx.json",
         built_wheel,
         sdist_pin(get_line().tag).sha256,

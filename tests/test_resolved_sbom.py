@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from cyclonedx.model.bom import Bom
 from small_dist import check_sums, keypair, publish_small, sums
-from test_index import make_wheel
+from wheels import make_wheel
 
 from tpfix import attest, resolved_sbom, sbom
 from tpfix.resolution import pick_wheel

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from packaging.requirements import Requirement
-from test_index import REQUIRES_PYTHON, VERSION, make_wheel
+from wheels import REQUIRES_PYTHON, VERSION, make_wheel
 
 from tpfix.image import repins
 from tpfix.lines import get_line
