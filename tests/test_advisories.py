@@ -31,7 +31,7 @@ import pytest
 from small_dist import check_sums, publish_small, sums
 from wheels import make_wheel
 
-from tpfix import advisories, sbom, triage
+from tpfix import advisories, image_sbom, sbom, triage, wheel_sbom
 from tpfix.lines import get_line, line_names
 from tpfix.patch_format import read_patch, read_series
 from tpfix.util import ROOT, Fail
@@ -189,7 +189,7 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
         if state == "not_affected":
             assert v["analysis"]["justification"] == "code_not_reachable"
         else:  # and the SBOM names it among what that patch resolves
-            doc = sbom.wheel_bom(wheel, line, sdist, official, 1)
+            doc = wheel_sbom.wheel_bom(wheel, line, sdist, official, 1)
             (patch,) = [
                 p
                 for p in doc.metadata.component.pedigree.patches
@@ -409,7 +409,7 @@ def test_every_lines_triage_file_loads(name: str):
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str):
-    """--image: the exact set an image's SBOM lists (sbom.image_bom, the real
+    """--image: the exact set an image's SBOM lists (image_sbom.image_bom, the real
     code, on an inventory written here), report and VEX beside that SBOM."""
     # the image holds our wheel: the same version in the SBOM and the inventory
     dist, wheel, sdist, official = publish_small(tmp_path, get_line().version)
@@ -427,11 +427,11 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
             {"name": "torch", "version": "2.13.0+cu130", "location": "/usr/lib"},
         ],
     }
-    comp = sbom.wheel_component(wheel, get_line(), sdist, official)
+    comp = wheel_sbom.wheel_component(wheel, get_line(), sdist, official)
     (dist / "image").mkdir()
     img = dist / "image" / "x-1.cdx.json"
     img.write_text(
-        sbom.dumps(sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1"))
+        sbom.dumps(image_sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1"))
     )
     proc = _advise(dist, "--image", str(img), "--service", "osv", "--osv-url", osv)
     assert proc.returncode == 0, proc.stderr

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The SBOMs (tpfix.sbom): the wheel's, written by the package stage on the
-tiny wheel of tests/small_dist.py, and the schema check.  The image's SBOM
-on a real image: tests/test_image.py.
+"""The SBOMs (tpfix.wheel_sbom, tpfix.image_sbom, tpfix.sbom): the wheel's,
+written by the package stage on the tiny wheel of tests/small_dist.py, the
+image's on an inventory written here, and the schema check.  The image's
+SBOM on a real image: tests/test_image.py.
 
 Fast tier: the schema check.  Slow tier: every package stage.
 """
@@ -16,7 +17,7 @@ import pytest
 from sbom_checks import check_wheel_sbom, defect, minimum_elements
 from small_dist import publish_small, sha
 
-from tpfix import sbom
+from tpfix import image_sbom, sbom, wheel_sbom
 from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.util import Fail
@@ -65,7 +66,7 @@ def test_each_required_project_is_one_component_with_purl_and_vers_range():
         'scipy; extra == "audio"',
     ]
     meta = parse_metadata("".join(f"Requires-Dist: {r}\n" for r in listed))
-    comps = sbom.requirement_components(requirements(meta))
+    comps = wheel_sbom.requirement_components(requirements(meta))
     by = {c.name: c for c in comps}
     assert sorted(by) == [
         "fastapi",
@@ -111,7 +112,7 @@ def test_each_required_project_is_one_component_with_purl_and_vers_range():
 def test_pep440_specifiers_in_vers_form(spec: str, want: str | None):
     from packaging.specifiers import SpecifierSet
 
-    assert sbom.vers(SpecifierSet(spec)) == want
+    assert wheel_sbom.vers(SpecifierSet(spec)) == want
 
 
 @pytest.mark.parametrize(
@@ -128,11 +129,11 @@ def test_pep440_specifiers_in_vers_form(spec: str, want: str | None):
     ],
 )
 def test_what_upstream_did_with_a_patch_follows_its_header(fields: dict, status: str):
-    got, reason = sbom.upstream_status(fields, None)
+    got, reason = wheel_sbom.upstream_status(fields, None)
     assert got == status
     if status == "open" and "Forwarded" in fields and fields["Forwarded"] != "no":
         assert reason == f"forwarded as {fields['Forwarded']}"
-    _, with_rebase = sbom.upstream_status(fields, "rebased from v0.27.1: conflicts")
+    _, with_rebase = wheel_sbom.upstream_status(fields, "rebased from v0.27.1: conflicts")
     assert with_rebase == f"{reason}; rebased from v0.27.1: conflicts"
 
 
@@ -142,7 +143,7 @@ def test_sbom_schema_check_rejects_a_broken_document():
 
 
 def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
-    """The image's SBOM (sbom.image_bom, the real code) on an inventory written
+    """The image's SBOM (image_sbom.image_bom, the real code) on an inventory written
     here, around the package stage's wheel component; and that component's ref."""
     dist, wheel, sdist, official = publish_small(tmp_path, get_line().version)
     inventory = {
@@ -157,8 +158,8 @@ def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
             {"name": "Jinja2", "version": "3.1.6", "location": "/usr/lib"},
         ],
     }
-    comp = sbom.wheel_component(wheel, get_line(), sdist, official)
-    bom = sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1")
+    comp = wheel_sbom.wheel_component(wheel, get_line(), sdist, official)
+    bom = image_sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1")
     return json.loads(sbom.dumps(bom)), comp.bom_ref.value
 
 

@@ -93,7 +93,7 @@ def read_requirements(path: Path) -> list[tuple[str, str]]:
 
 
 def image_pins(bom_path: Path) -> list[tuple[str, str]]:
-    """The Python distributions an image's SBOM lists (tpfix.sbom.image_bom)."""
+    """The Python distributions an image's SBOM lists (tpfix.image_sbom.image_bom)."""
     doc = json.loads(bom_path.read_text())
     comps = [doc["metadata"]["component"], *doc.get("components", [])]
     return sorted(

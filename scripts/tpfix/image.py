@@ -518,7 +518,7 @@ def describe_image(
     The statement's subjects: the image by its config digest (the image ID;
     a registry's manifest digest exists only once it is pushed: attest that
     one where you push, e.g. `cosign attest`) and the docker-archive file."""
-    from tpfix import attest, sbom
+    from tpfix import attest, image_sbom, sbom, wheel_sbom
 
     dist = built.dist
     line, wheel, sdist, official = release.line, release.wheel, release.sdist, release.official
@@ -526,9 +526,9 @@ def describe_image(
     inv = image_inventory(built.engine, built.ref, base)
     version = release.version
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
-    wheel_c = sbom.wheel_component(wheel, line, sdist, official)
+    wheel_c = wheel_sbom.wheel_component(wheel, line, sdist, official)
     platform = PLATFORMS[release.arch]
-    bom = sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
+    bom = image_sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
     folder = Path("image")
     texts = {folder / f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]

@@ -55,7 +55,7 @@ def describe(
     index beside the staged `wheel`; returns them, relative to its folder.
     The index also lists `others`, the wheels of the other arches that stay
     in dist/ (other_arches), linked into the staging folder for it."""
-    from tpfix import attest, index, sbom
+    from tpfix import attest, index, sbom, wheel_sbom
 
     staging = wheel.parent
     out = []
@@ -64,7 +64,10 @@ def describe(
         (staging / name).write_text(text)
         out.append(Path(name))
 
-    write(f"{wheel.name}.cdx.json", sbom.dumps(sbom.wheel_bom(wheel, line, sdist, official, epoch)))
+    write(
+        f"{wheel.name}.cdx.json",
+        sbom.dumps(wheel_sbom.wheel_bom(wheel, line, sdist, official, epoch)),
+    )
     external = {
         "command": attest.build_command(),
         "line": line.tag,
