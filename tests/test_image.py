@@ -35,7 +35,7 @@ import pytest
 import standin_image
 from packageurl import PackageURL
 
-from tpfix import image, sbom
+from tpfix import image, image_engine, sbom
 from tpfix.build import source_date_epoch
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.lines import TAG, get_line, image_tag, read_version
@@ -255,8 +255,8 @@ def test_pip_check_no_new_problems(buildah, built, base):
 
 
 def test_labels_and_config(buildah, built, base):
-    ours = image.inspect(image.Engine("buildah", buildah), built.ref)["config"]
-    theirs = image.inspect(image.Engine("buildah", buildah), base)["config"]
+    ours = image_engine.inspect(image_engine.Engine("buildah", buildah), built.ref)["config"]
+    theirs = image_engine.inspect(image_engine.Engine("buildah", buildah), base)["config"]
     for key in ("Entrypoint", "Cmd", "Env", "WorkingDir", "User", "StopSignal", "ExposedPorts"):
         assert ours.get(key) == theirs.get(key), key
     assert ours["Entrypoint"] == ["vllm", "serve"]
@@ -279,8 +279,11 @@ def test_labels_and_config(buildah, built, base):
 
 
 def test_one_small_layer_holding_only_the_difference(buildah, built, base):
-    eng = image.Engine("buildah", buildah)
-    ours, theirs = image.inspect(eng, built.ref)["layers"], image.inspect(eng, base)["layers"]
+    eng = image_engine.Engine("buildah", buildah)
+    ours, theirs = (
+        image_engine.inspect(eng, built.ref)["layers"],
+        image_engine.inspect(eng, base)["layers"],
+    )
     assert ours[:-1] == theirs, "the base's layers must be reused as they are"
     assert ours[-1] < 5_000_000, f"added layer is {ours[-1]} bytes"
     # The layer itself, from the docker-archive (which must be loadable).
@@ -339,10 +342,13 @@ def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
     assert "image: pip check: no new problems" in out
     # this line re-pins nothing: vllm is the only distribution that changes
     assert re.search(rf"changed distributions: vllm {re.escape(version)}$", out, re.M), out
-    eng = image.Engine("buildah", buildah)
-    ours, theirs = image.inspect(eng, built.ref)["layers"], image.inspect(eng, base)["layers"]
+    eng = image_engine.Engine("buildah", buildah)
+    ours, theirs = (
+        image_engine.inspect(eng, built.ref)["layers"],
+        image_engine.inspect(eng, base)["layers"],
+    )
     assert ours[:-1] == theirs and ours[-1] < 5_000_000
-    labels = image.inspect(eng, built.ref)["config"].get("Labels") or {}
+    labels = image_engine.inspect(eng, built.ref)["config"].get("Labels") or {}
     names, digest = image.series_info(line)
     assert labels["tpfix.upstream.tag"] == line.tag
     assert labels["org.opencontainers.image.version"] == version
@@ -374,15 +380,15 @@ def _ctx_copy(built_ctx: Path, dest: Path) -> Path:
 
 
 def _fail_build(buildah, base, ctx: Path, fi_index: str = "") -> str:
-    eng = image.Engine("buildah", buildah)
+    eng = image_engine.Engine("buildah", buildah)
     args = {
         "BASE_IMAGE": base,
         "VERSION": get_line().version,
         "FLASHINFER_INDEX_URL": fi_index,
     }
-    cmd = image.build_cmd(eng, image.DOCKERFILE, ctx, "localhost/vllm-tpfix-test:fail", args)
+    cmd = image_engine.build_cmd(eng, image.DOCKERFILE, ctx, "localhost/vllm-tpfix-test:fail", args)
     with pytest.raises(Fail) as e:
-        image.run_build(eng, cmd)
+        image_engine.run_build(eng, cmd)
     return str(e.value)
 
 
@@ -461,9 +467,9 @@ def _sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0
 def test_the_engine_is_told_the_wheels_platform(engine):
     """The image is built for its wheel's arch, on any host: each engine gets
     --platform (an aarch64 wheel must not land in an amd64 base)."""
-    eng = image.Engine(engine, f"/usr/bin/{engine}")
+    eng = image_engine.Engine(engine, f"/usr/bin/{engine}")
     for arch, platform in (("aarch64", "linux/arm64"), ("x86_64", "linux/amd64")):
-        cmd = image.build_cmd(eng, image.DOCKERFILE, Path("ctx"), "t", {}, 1, arch)
+        cmd = image_engine.build_cmd(eng, image.DOCKERFILE, Path("ctx"), "t", {}, 1, arch)
         assert cmd[cmd.index("--platform") + 1] == platform
         assert cmd[-1] == "ctx"
 
@@ -475,25 +481,28 @@ def test_another_arch_without_an_emulator_stops_before_any_download(tmp_path, mo
     from tpfix import pipeline
 
     other = "aarch64" if host_arch() == "x86_64" else "x86_64"
-    monkeypatch.setattr(image, "BINFMT", tmp_path)
+    monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
     monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
     argv = ["pipeline", "--image", "--arch", other, "--dist", str(tmp_path / "dist")]
     monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
     with pytest.raises(Fail) as e:
         pipeline.main()
     msg = str(e.value)
-    assert f"an image for {image.PLATFORMS[other]} ({other}) runs the base image's python3" in msg
-    assert f"{tmp_path / image.EMULATORS[other]} is missing or disabled" in msg
+    assert (
+        f"an image for {image_engine.PLATFORMS[other]} ({other}) runs the base image's python3"
+        in msg
+    )
+    assert f"{tmp_path / image_engine.EMULATORS[other]} is missing or disabled" in msg
     assert "apt-get install qemu-user-static binfmt-support" in msg
     assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
     # a disabled entry is no better; an enabled one (or the host's arch) passes
-    entry = tmp_path / image.EMULATORS[other]
+    entry = tmp_path / image_engine.EMULATORS[other]
     entry.write_text("disabled\ninterpreter /usr/bin/qemu\n")
     with pytest.raises(Fail, match="is missing or disabled"):
-        image.check_platform(other)
+        image_engine.check_platform(other)
     entry.write_text("enabled\ninterpreter /usr/bin/qemu\n")
-    image.check_platform(other)
-    image.check_platform(host_arch())
+    image_engine.check_platform(other)
+    image_engine.check_platform(host_arch())
 
 
 def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
@@ -643,9 +652,9 @@ def test_image_inventory(buildah, built, base):
     """image_inventory reads the built image itself: vllm at our VERSION, the
     stand-in's FlashInfer packages (at the version the series pins; the base's
     own inventory has the old one), the base's name and digest, real digests."""
-    eng = image.Engine("buildah", buildah)
+    eng = image_engine.Engine("buildah", buildah)
     containers = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
-    inv = image.image_inventory(eng, built.ref, base)
+    inv = image_engine.image_inventory(eng, built.ref, base)
     sha = re.compile(r"^sha256:[0-9a-f]{64}$")
     assert inv["base"]["name"] == base
     assert sha.match(inv["base"]["digest"]), inv["base"]
@@ -671,7 +680,7 @@ def test_image_inventory(buildah, built, base):
     }
     assert "pip" in dists  # the base's own distributions too, not just ours
     # The base, inventoried the same way (its own base, scratch, has no digest).
-    theirs = image.image_inventory(eng, base, "scratch")
+    theirs = image_engine.image_inventory(eng, base, "scratch")
     assert theirs["base"] == {"name": "scratch", "digest": None}
     assert theirs["image"]["layers"] == inv["image"]["layers"][:-1]
     assert theirs["image"]["config_digest"] != inv["image"]["config_digest"]
@@ -690,7 +699,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     shutil.copytree(built.dist, dist, copy_function=os.link)
     b = dataclasses.replace(built, dist=dist, archive=None)
     paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
-    inv = image.image_inventory(built.engine, built.ref, base)
+    inv = image_engine.image_inventory(built.engine, built.ref, base)
     name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [
         f"image/{name}.cdx.json",
@@ -702,7 +711,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     root = doc["metadata"]["component"]
     assert root["type"] == "container"
     assert root["hashes"][0]["content"] == inv["image"]["config_digest"].removeprefix("sha256:")
-    platform = image.PLATFORMS[host_arch()]  # the wheel's arch, given to the engine
+    platform = image_engine.PLATFORMS[host_arch()]  # the wheel's arch, given to the engine
     assert {"name": "tpfix:platform", "value": platform} in root["properties"]
     comps = {c["bom-ref"]: c for c in doc["components"]}
     (base_c,) = [c for c in comps.values() if c["type"] == "container"]

@@ -370,7 +370,8 @@ def _build_and_verify(
 
 def main() -> None:
     # the optional image stage
-    from tpfix.image import add_image_args, check_platform, image_from_args
+    from tpfix.image import add_image_args, image_from_args
+    from tpfix.image_engine import check_platform
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
