@@ -46,19 +46,13 @@ from pathlib import Path
 import pytest
 
 from tpfix.lines import get_line, line_names, newest_line, read_pin_file
-from tpfix.maint.export import (
-    _why_red,
-    export,
-    git,
-    multi_gpu_tests,
-    pristine_repo,
-    pytest_outcome,
-    vllm_tests,
-    with_files,
-)
+from tpfix.maint.commits import git, pristine_repo
+from tpfix.maint.export import export
 from tpfix.maint.port_facts import fixes, mismatches
 from tpfix.maint.port_facts import load as load_facts
+from tpfix.maint.pr_text import _why_red
 from tpfix.maint.rebase import Trees, classify, format_table, rebase
+from tpfix.maint.validation import multi_gpu_tests, pytest_outcome, vllm_tests, with_files
 from tpfix.patch import cached_tree, pristine_tree
 from tpfix.patch_format import read_patch, read_series, split
 from tpfix.quilt import Quilt
@@ -516,7 +510,7 @@ def test_ported_vllm_tests_red_then_green(name, tmp_path):
     runs it, e.g. the sizing port's end-to-end cold-then-warm start at TP2)
     skips in both for want of GPUs.  Upstream tests not marked
     skip_global_cleanup would end with a teardown error of vLLM's conftest on
-    a host without an accelerator (export.CPU_TEARDOWN): told apart from
+    a host without an accelerator (validation.CPU_TEARDOWN): told apart from
     failures."""
     files = vllm_tests(PORT / name)
     gpu = multi_gpu_tests(PORT / name)
