@@ -10,7 +10,7 @@ load ``init_fi_ar_fusion_workspace`` where the tree has it, and the creation
 of ``flashinfer_all_reduce``) on FlashInfer's real Python layer; only GPU
 memory (with the MNNVL allocation granularity as a parameter), kernel
 launches and the TP group are simulated (see the scenario module's docstring
-and replay/device.py's for the exact list).
+and replay/recorder.py's for the exact list).
 
 The trees: "pristine" is v0.27.1 + 0001 (FlashInfer 0.6.16.post4, which
 imports on this Python), "series" the whole series.

@@ -7,7 +7,7 @@ in a fresh interpreter on the tree under test, on the simulated device of
 vLLM does is the tree's real code).  Their drivers, which print the tables:
 ``bench`` and ``min_need``: bench/workspace.py; ``sweep``:
 bench/sweep_workspace.py; ``op_overhead``: bench/fused_op.py; ``bench_table``
-(on bug_b's cases, device.setup_recording()): bench/oneshot.py.
+(on bug_b's cases, recorder.setup_recording()): bench/oneshot.py.
 """
 
 from __future__ import annotations
@@ -16,16 +16,7 @@ import os
 from typing import Any
 
 from tpfix.replay.bug_b import run_case, torch_dtype, value_ranges
-from tpfix.replay.device import (
-    MiB,
-    make_workspace,
-    new_process,
-    setup,
-    setup_recording,
-    state,
-    trtllm_sizes,
-    workspace_bytes,
-)
+from tpfix.replay.device import MiB, new_process, setup, state
 from tpfix.replay.engine import (
     compile_plan,
     draft_config,
@@ -35,6 +26,8 @@ from tpfix.replay.engine import (
     fusion_pass,
     worker_init,
 )
+from tpfix.replay.flashinfer_sim import make_workspace, trtllm_sizes, workspace_bytes
+from tpfix.replay.recorder import setup_recording
 
 
 # --------------------------------------------------------------------------

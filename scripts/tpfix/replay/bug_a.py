@@ -48,13 +48,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tpfix.replay.device import (
-    CAPTURE_REFUSAL,
-    new_process,
-    setup,
-    state,
-    workspace_bytes,
-)
+from tpfix.replay.device import CAPTURE_REFUSAL, new_process, setup, state
 from tpfix.replay.engine import (
     compile_plan,
     draft_config,
@@ -69,6 +63,7 @@ from tpfix.replay.engine import (
     worker_init,
     workspaces,
 )
+from tpfix.replay.flashinfer_sim import workspace_bytes
 from tpfix.replay.verdict import by_exception
 
 SEED_MESSAGE = (

@@ -15,7 +15,7 @@ classes, their size checks, ``MNNVL_ONE_SHOT_THRESHOLD``,
 ``MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes``).
 
 What is simulated, and only that (there is no GPU here), is the device
-layer ``device.setup_recording()`` installs (scripts/tpfix/replay/device.py,
+layer ``recorder.setup_recording()`` installs (scripts/tpfix/replay/recorder.py,
 its docstring lists it): GPU memory (FlashInfer's real constructors on a
 simulated multicast allocation, at the MNNVL allocation ``granularity`` of
 the case: default 1, the smallest buffer FlashInfer can end up with), the
@@ -43,12 +43,8 @@ import os
 import types
 from typing import Any
 
-from tpfix.replay.device import (
-    forget_fi_ar_state,
-    recording,
-    setup_recording,
-    simulate_cuda_platform,
-)
+from tpfix.replay.device import forget_fi_ar_state, simulate_cuda_platform
+from tpfix.replay.recorder import recording, setup_recording
 
 # A draft narrower than the target on MNNVL (TP8 SM90, 6144 planned, 4096-wide
 # tensors, 1..16 tokens): FlashInfer reserves one-shot in whole rows of the

@@ -4,9 +4,12 @@
 FlashInfer's GPU allocation and kernels.  Everything else the replays run is
 the REAL code of the vLLM tree under test and of the FlashInfer it pins.
 
-Two ways to install it, one per kind of replay (both in this module, sharing
-the platform, the single node, the collectives, the capture flag and
-FlashInfer's sizing formulas):
+Two ways to install it, one per kind of replay: ``setup()`` here, and
+``setup_recording()`` (bug_b's replays of the fused op, in
+tpfix.replay.recorder, whose docstring lists what it simulates).  Both share
+this module's platform, single node, collectives and capture flag, and
+FlashInfer's sizing formulas (tpfix.replay.flashinfer_sim, which also holds
+the workspace objects and CPU reference kernels ``setup()`` installs).
 
 ``setup()`` (bug_a's engine replays, and the benchmarks in tpfix.bench.measure).
 What is SIMULATED (there is no GPU):
@@ -56,28 +59,6 @@ What is SIMULATED (there is no GPU):
   * a model loaded from the AOT compile cache (``engine.forward``): the fused
     ops of the compiled graph called with the arguments a first (cold) run's pass baked into
     them, without constructing a pass.
-
-``setup_recording()`` (bug_b's replays of the fused op).  FlashInfer's REAL
-``create_allreduce_fusion_workspace`` and workspace constructors run,
-including ``MNNVLAllReduceFusionWorkspace.__init__``'s sizing branch; what is
-SIMULATED:
-  * GPU memory: only ``McastGPUBuffer`` (the MNNVL multicast allocation) is
-    replaced by an object that reports the usable size FlashInfer
-    0.6.16.post4 gets from the driver (``mnnvl_allocation_usable``: the
-    request plus ``SIGNAL_PAD_SIZE`` rounded up to the allocation granularity
-    ``recording["granularity"]``, minus the pad); ``torch.cuda`` /
-    ``torch.device("cuda")`` inside trtllm_mnnvl_ar map to the CPU;
-    ``trtllm_create_ipc_workspace_for_all_reduce_fusion`` returns the
-    metadata of ``trtllm_sizes`` without allocating;
-  * kernels: recorders of the strategy FlashInfer would launch
-    (``use_oneshot``); every FlashInfer check before the launch is real;
-  * the TP group: rank 0 of ``recording["tp_group"].world_size`` ranks
-    (``get_tp_group`` with no standalone FlashInfer all-reduce on its device
-    communicator, ``get_tensor_model_parallel_rank``); the other ranks agree
-    to every creation (``FakeDist`` with the peer holding a workspace); no
-    CUDA graph is captured;
-  * the device: as for ``setup()``, without static graph support and device
-    count (nothing reads them there), at the capability of each case.
 """
 
 from __future__ import annotations
@@ -92,8 +73,6 @@ CAPTURE_REFUSAL = "operation not permitted when stream is capturing"
 
 # The simulated process (setup(); new_process() starts a new one).
 state: dict[str, Any] = {"capturing": False}
-# What setup_recording() installed (its modules, launches, allocations).
-recording: dict[str, Any] = {}
 
 
 # --------------------------------------------------------------------------
@@ -148,18 +127,6 @@ def simulate_single_node(fiar, dist=None) -> None:
     torch.cuda.is_current_stream_capturing = lambda: state["capturing"]
 
 
-def mnnvl_allocation_usable(request_bytes: int, granularity: int = 1) -> int:
-    """Usable bytes of an MNNVL multicast allocation of ``request_bytes``
-    (FlashInfer 0.6.16.post4, mnnvl.py ``_get_allocation_prop``,
-    ``get_usable_buffer_size``): request plus ``SIGNAL_PAD_SIZE`` rounded up
-    to the allocation ``granularity``, minus the pad.  The device's
-    granularity is hardware data; 1 gives the smallest buffer."""
-    from flashinfer.comm.mnnvl import SIGNAL_PAD_SIZE
-
-    allocation = -(-(request_bytes + SIGNAL_PAD_SIZE) // granularity) * granularity
-    return allocation - SIGNAL_PAD_SIZE
-
-
 def _device_communicator(cpu_group, world_size: int):
     """The TP group's REAL ``CudaCommunicator``, made with ``__new__``: none of
     the communicators it would build on a GPU (they are None)."""
@@ -192,143 +159,6 @@ class FakeTPGroup:
     def all_reduce(self, x):
         self.all_reduce_calls += 1
         return x * self.world_size
-
-
-def workspace_bytes(ws) -> int:
-    """Bytes per rank of a (simulated) FlashInfer workspace."""
-    if ws.backend == "trtllm":
-        m = ws.metadata
-        r16 = lambda n: (n + 15) // 16 * 16  # noqa: E731
-        return r16(m["buffer_size"]) + r16(m["flag_size"]) + r16(m["lamport_buffer_size"])
-    return ws.workspace_size_bytes
-
-
-def trtllm_sizes(world_size, max_token_num, hidden_dim, dtype):
-    """FlashInfer's trtllm_create_ipc_workspace_for_all_reduce_fusion sizing."""
-    import torch
-    from flashinfer.comm import trtllm_ar
-
-    use_fp32_lamport = dtype == torch.float32
-    buffer_size = world_size * max_token_num * hidden_dim * 2
-    flag_size = world_size * trtllm_ar.BarrierFlagCount * 4
-    lamport_comm_size = world_size * max_token_num * hidden_dim * (4 if use_fp32_lamport else 2)
-    lamport_comm_size = min(lamport_comm_size, trtllm_ar.MAX_COMM_SIZE)
-    return {
-        "tp_rank": 0,
-        "tp_size": world_size,
-        "max_token_num": max_token_num,
-        "hidden_dim": hidden_dim,
-        "use_fp32_lamport": use_fp32_lamport,
-        "buffer_size": buffer_size,
-        "flag_size": flag_size,
-        "lamport_comm_size": lamport_comm_size,
-        "lamport_buffer_size": lamport_comm_size * 3,
-    }
-
-
-def mnnvl_buffer_size(world_size, max_token_num, hidden_dim, dtype, force_oneshot):
-    """FlashInfer's MNNVLAllReduceFusionWorkspace.__init__ buffer sizing."""
-    import torch
-    from flashinfer.comm.trtllm_mnnvl_ar import (
-        MNNVL_ONE_SHOT_THRESHOLD,
-        MNNVLAllreduceFusionStrategy,
-        MNNVLAllReduceFusionWorkspace,
-    )
-
-    req = MNNVLAllReduceFusionWorkspace.get_required_buffer_size_bytes
-    if force_oneshot:
-        return req(
-            world_size,
-            max_token_num,
-            hidden_dim,
-            dtype,
-            MNNVLAllreduceFusionStrategy.ONESHOT,
-        )
-    elem = torch.tensor([], dtype=dtype).element_size()
-    oneshot_tokens = min(
-        MNNVL_ONE_SHOT_THRESHOLD // (world_size * elem * hidden_dim), max_token_num
-    )
-    return max(
-        req(
-            world_size,
-            oneshot_tokens,
-            hidden_dim,
-            dtype,
-            MNNVLAllreduceFusionStrategy.ONESHOT,
-        ),
-        req(
-            world_size,
-            max_token_num,
-            hidden_dim,
-            dtype,
-            MNNVLAllreduceFusionStrategy.TWOSHOT,
-        ),
-    )
-
-
-def mnnvl_usable_buffer_bytes(buffer_size_in_bytes: int, granularity: int = 1) -> int:
-    """``buffer_size_bytes`` of FlashInfer's MNNVL workspace (0.6.16.post4)
-    for a requested per-buffer size: the 3 Lamport buffers plus
-    ``SIGNAL_PAD_SIZE`` are rounded up to the allocation ``granularity``
-    (mnnvl.py ``_get_allocation_prop``), the usable size is that minus the
-    pad (``get_usable_buffer_size``), and each buffer is a third of it,
-    16-byte aligned (``MNNVLAllReduceFusionWorkspace.__init__``).  The
-    device's granularity is hardware data; 1 gives the smallest buffer."""
-    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllReduceFusionWorkspace
-
-    n = MNNVLAllReduceFusionWorkspace.NUM_LAMPORT_BUFFERS
-    return mnnvl_allocation_usable(buffer_size_in_bytes * n, granularity) // n // 16 * 16
-
-
-def make_workspace(
-    backend,
-    world_size,
-    rank,
-    max_token_num,
-    hidden_dim,
-    dtype,
-    force_oneshot_support=False,
-    buffer_size_in_bytes=None,
-):
-    """A real FlashInfer workspace object without GPU memory (cls.__new__)."""
-    from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
-    from flashinfer.comm.trtllm_mnnvl_ar import MNNVLAllReduceFusionWorkspace
-
-    if backend == "trtllm":
-        ws = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
-        ws.metadata = trtllm_sizes(world_size, max_token_num, hidden_dim, dtype)
-        ws.ipc_handles = []
-        ws.workspace_tensor = None
-        ws.mem_handles = []
-        ws._internal_workspace = (None, None, ws.metadata)
-    elif backend == "mnnvl":
-        ws = MNNVLAllReduceFusionWorkspace.__new__(MNNVLAllReduceFusionWorkspace)
-        if buffer_size_in_bytes is None:
-            buffer_size_in_bytes = mnnvl_buffer_size(
-                world_size, max_token_num, hidden_dim, dtype, force_oneshot_support
-            )
-        ws.tp_size = world_size
-        ws.buffer_size_bytes = mnnvl_usable_buffer_bytes(buffer_size_in_bytes)
-        ws.workspace_size_bytes = ws.buffer_size_bytes * ws.NUM_LAMPORT_BUFFERS
-        ws.handle = types.SimpleNamespace()
-        ws.mc_ptr = 1
-        ws.uc_ptrs_dev = ws.uc_ptr_local = ws.buffer_flags = None
-    else:
-        raise RuntimeError(f"Unknown backend: {backend}")
-    ws.world_size = world_size
-    ws.rank = rank
-    # No GPU memory behind it: __del__ is a no-op, destroy() is recorded.
-    ws._destroyed = True
-    ws.destroy = lambda: state["destroyed"].append(id(ws))
-    state["created"].append(
-        {
-            "backend": backend,
-            "max_token_num": max_token_num,
-            "hidden_dim": hidden_dim,
-            "bytes": workspace_bytes(ws),
-        }
-    )
-    return ws
 
 
 class FakeDist:
@@ -377,97 +207,17 @@ def _peer_attempts_creation() -> None:
         state["peer_has_workspace"] = state["peer_attempts"] > state["peer_fails"]
 
 
-def reference_kernel(x, residual_in, gamma, eps, weight_bias, world_size):
-    """CPU reference of all-reduce (+ residual add + RMSNorm)."""
-    import torch
-
-    ar = x.float() * world_size
-    if residual_in is None:
-        return ar, None, None
-    s = ar + residual_in.float()
-    normed = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
-    normed = normed * (gamma.float() + weight_bias)
-    return ar, s, normed
-
-
-class _FakeTrtllmModule:
-    """Stands in for FlashInfer's compiled trtllm comm module (the kernel)."""
-
-    def trtllm_allreduce_fusion(self, **kw):
-        import torch
-
-        state["kernel_calls"].append(("trtllm", kw["token_num"], kw["hidden_dim"]))
-        n, h = kw["token_num"], kw["hidden_dim"]
-        x = kw["allreduce_in"].view(n, h)
-        res = kw.get("residual_in")
-        res = res.view(n, h) if res is not None else None
-        gamma = kw.get("rms_gamma")
-        ar, s, normed = reference_kernel(
-            x,
-            res,
-            gamma,
-            kw.get("rms_eps") or 1e-6,
-            kw.get("weight_bias") or 0.0,
-            kw["world_size"],
-        )
-        if kw.get("allreduce_out") is not None:
-            kw["allreduce_out"].view(n, h).copy_(ar)
-        if s is not None and kw.get("residual_out") is not None:
-            kw["residual_out"].view(n, h).copy_(s)
-        if normed is not None and kw.get("norm_out") is not None:
-            kw["norm_out"].view(n, h).copy_(normed)
-        q = kw.get("quant_out")
-        if q is not None and q.dtype == torch.float8_e4m3fn:
-            m = torch.finfo(q.dtype).max
-            scale = kw["scale_factor"].float()
-            normed = normed.to(kw["allreduce_in"].dtype).float()
-            q.view(n, h).copy_((normed / scale).clamp(-m, m).to(q.dtype))
-
-
-class _FakeMnnvlModule:
-    """Stands in for FlashInfer's compiled MNNVL comm module (the kernel)."""
-
-    def trtllm_mnnvl_allreduce_fusion(
-        self,
-        inp,
-        mc_ptr,
-        uc_ptrs,
-        uc_local,
-        flags,
-        tp_size,
-        rank,
-        rmsnorm,
-        pdl,
-        oneshot,
-        output,
-        residual_out=None,
-        residual_in=None,
-        gamma=None,
-        eps=1e-6,
-        weight_bias=0.0,
-        *args,
-    ):
-        state["kernel_calls"].append(("mnnvl", inp.shape[0], inp.shape[1]))
-        ar, s, normed = reference_kernel(
-            inp, residual_in if rmsnorm else None, gamma, eps, weight_bias, tp_size
-        )
-        if not rmsnorm:
-            output.copy_(ar)
-            return
-        output.copy_(normed)
-        residual_out.copy_(s)
-
-    def __getattr__(self, name):
-        def kernel(*args, **kwargs):
-            state["kernel_calls"].append(("mnnvl:" + name, None, None))
-
-        return kernel
-
-
+# --------------------------------------------------------------------------
+# setup(): the simulated process (bug_a, the benchmarks)
+# --------------------------------------------------------------------------
 def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
     """Install the simulated device layer (see module docstring)."""
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
     from tpfix.replay import vllm_cpu_stubs
+
+    # (flashinfer_sim records into this module's `state`: imported here, not
+    # at the top, where the two modules would import each other)
+    from tpfix.replay.flashinfer_sim import FakeMnnvlModule, FakeTrtllmModule, make_workspace
 
     vllm_cpu_stubs.register()  # torch.ops._C stand-ins, before any vLLM import
 
@@ -516,8 +266,8 @@ def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
         )
 
     flashinfer_comm.create_allreduce_fusion_workspace = create
-    trtllm_ar.get_trtllm_comm_module = lambda: _FakeTrtllmModule()
-    trtllm_mnnvl_ar.get_trtllm_mnnvl_comm_module = lambda: _FakeMnnvlModule()
+    trtllm_ar.get_trtllm_comm_module = lambda: FakeTrtllmModule()
+    trtllm_mnnvl_ar.get_trtllm_mnnvl_comm_module = lambda: FakeMnnvlModule()
 
     import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
 
@@ -586,140 +336,3 @@ def new_process() -> None:
     state["created"].clear()
     state["kernel_calls"].clear()
     state.update(_process_counters())
-
-
-# --------------------------------------------------------------------------
-# setup_recording(): FlashInfer's real constructors, recorded launches (bug_b)
-# --------------------------------------------------------------------------
-def setup_recording() -> dict[str, Any]:
-    """Install the recording layer (module docstring) once; returns
-    ``recording``: the modules it patched, ``launches``, ``allocations``,
-    ``tp_group`` and the MNNVL allocation ``granularity`` (1 until a case
-    sets it)."""
-    if recording:
-        return recording
-    import flashinfer.comm.allreduce as fi_allreduce
-    import flashinfer.comm.trtllm_ar as fi_trtllm
-    import flashinfer.comm.trtllm_mnnvl_ar as fi_mnnvl
-    import torch
-
-    from tpfix.replay import vllm_cpu_stubs  # noqa: F401  (CPU stand-ins for torch.ops._C)
-
-    launches: list[dict[str, Any]] = []
-    allocations: list[dict[str, Any]] = []
-
-    # -- MNNVL: real constructor, simulated multicast allocation -----------
-    class _SimMcastGPUBuffer:
-        def __init__(
-            self,
-            buf_size,
-            group_size,
-            group_rank,
-            device,
-            comm_backend_for_handle_transfer=None,
-            **_,
-        ):
-            self.buf_size = mnnvl_allocation_usable(buf_size, recording["granularity"])
-            self.mcast_device_memory = types.SimpleNamespace(
-                get_buffer_ptrs_host=lambda: [0] * group_size
-            )
-            allocations.append(
-                {
-                    "backend": "mnnvl",
-                    "requested_workspace_bytes": buf_size,
-                    "usable_bytes": self.buf_size,
-                }
-            )
-
-        def lamport_initialize(self, rank, dtype):
-            pass
-
-        def get_buffer_ptrs_dev(self):
-            return 0
-
-        def get_unicast_ptr(self, rank):
-            return 0
-
-        def get_multicast_ptr(self):
-            return 1  # multicast available
-
-    class _CpuTorch(types.ModuleType):
-        """``torch`` as seen from trtllm_mnnvl_ar: cuda devices map to CPU."""
-
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-    cpu_torch = _CpuTorch("torch")
-    cpu_torch.device = lambda *a, **k: torch.device("cpu")
-    cpu_torch.cuda = types.SimpleNamespace(current_device=lambda: 0, synchronize=lambda: None)
-    fi_mnnvl.torch = cpu_torch
-    fi_mnnvl.McastGPUBuffer = _SimMcastGPUBuffer
-
-    def _sim_mnnvl_module():
-        def trtllm_mnnvl_allreduce_fusion(*args):
-            launches.append({"backend": "mnnvl", "use_oneshot": bool(args[9])})
-
-        return types.SimpleNamespace(trtllm_mnnvl_allreduce_fusion=trtllm_mnnvl_allreduce_fusion)
-
-    fi_mnnvl.get_trtllm_mnnvl_comm_module = _sim_mnnvl_module
-
-    # -- TRT-LLM: simulated IPC allocation, same metadata formulas ---------
-    def _sim_trtllm_ipc(
-        tp_rank,
-        tp_size,
-        max_token_num,
-        hidden_dim,
-        use_fp32_lamport=False,
-        group=None,
-        create_metadata=False,
-        comm_backend=None,
-        use_symm_dev_mem=False,
-    ):
-        # trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion's sizing
-        dtype = torch.float32 if use_fp32_lamport else torch.bfloat16
-        metadata = trtllm_sizes(tp_size, max_token_num, hidden_dim, dtype)
-        metadata["tp_rank"] = tp_rank
-        allocations.append({"backend": "trtllm", **metadata})
-        return [], None, [], metadata
-
-    fi_allreduce.trtllm_create_ipc_workspace_for_all_reduce_fusion = _sim_trtllm_ipc
-
-    def _sim_trtllm_module():
-        def trtllm_allreduce_fusion(**kwargs):
-            launches.append({"backend": "trtllm", "use_oneshot": bool(kwargs["use_oneshot"])})
-
-        return types.SimpleNamespace(trtllm_allreduce_fusion=trtllm_allreduce_fusion)
-
-    fi_trtllm.get_trtllm_comm_module = _sim_trtllm_module
-
-    # -- vLLM side: rank 0 of a TP group, given device capability ----------
-    import vllm.distributed.device_communicators.flashinfer_all_reduce as vfi
-    from vllm.compilation.passes.fusion import allreduce_rms_fusion as arf
-
-    # the other ranks agree (patch 0004's creation all-reduce); no capture
-    simulate_single_node(vfi, AgreeingDist)
-    group = types.SimpleNamespace(name="tp-cpu-group")
-    tp_group = types.SimpleNamespace(
-        world_size=2,  # set per case
-        rank_in_group=0,
-        cpu_group=group,
-        device_communicator=types.SimpleNamespace(fi_ar_comm=None),
-    )
-    arf.get_tp_group = vfi.get_tp_group = lambda: tp_group
-    arf.get_tensor_model_parallel_rank = lambda: 0
-    simulate_cuda_platform(90, static_graphs=False)
-
-    recording.update(
-        torch=torch,
-        fi_mnnvl=fi_mnnvl,
-        fi_trtllm=fi_trtllm,
-        fi_allreduce=fi_allreduce,
-        vfi=vfi,
-        arf=arf,
-        launches=launches,
-        allocations=allocations,
-        group=group,
-        tp_group=tp_group,
-        granularity=1,
-    )
-    return recording

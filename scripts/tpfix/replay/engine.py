@@ -25,13 +25,8 @@ import tempfile
 import types
 from typing import Any
 
-from tpfix.replay.device import (
-    FakeTPGroup,
-    node_count,
-    reference_kernel,
-    state,
-    workspace_bytes,
-)
+from tpfix.replay.device import FakeTPGroup, node_count, state
+from tpfix.replay.flashinfer_sim import reference_kernel, workspace_bytes
 
 _MODEL_DIR = os.path.join(tempfile.gettempdir(), f"bug_a_models_{os.getuid()}")
 
