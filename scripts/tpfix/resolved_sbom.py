@@ -57,8 +57,6 @@ from cyclonedx.contrib.this.builders import this_component
 from cyclonedx.model import (
     ExternalReference,
     ExternalReferenceType,
-    HashAlgorithm,
-    HashType,
     Property,
     XsUri,
 )
@@ -256,10 +254,6 @@ def dependency_graph(requires: dict[str, list], env: dict, root: str) -> dict[st
     return edges
 
 
-def _sha256(hexdigest: str) -> HashType:
-    return HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)
-
-
 def _properties(source: str | None) -> list[Property]:
     return [
         Property(name="tpfix:license-source", value=source or "none stated in its metadata"),
@@ -284,7 +278,7 @@ def resolved_bom(
         bom_ref=f"pkg:pypi/vllm@{version}",  # the root of the wheel's SBOM
         supplier=distribution,
         manufacturer=distribution,
-        hashes=[_sha256(digest)],
+        hashes=[sbom.sha256_hash(digest)],
         licenses=root_licenses,
         external_references=[
             ExternalReference(
@@ -310,13 +304,13 @@ def resolved_bom(
             version=p["version"],
             purl=PackageURL("pypi", name=name, version=p["version"]),  # the wheel: its URL
             bom_ref=f"pkg:pypi/{name}@{p['version']}",
-            hashes=[_sha256(w["hashes"]["sha256"])],
+            hashes=[sbom.sha256_hash(w["hashes"]["sha256"])],
             licenses=found,
             external_references=[
                 ExternalReference(
                     type=ExternalReferenceType.DISTRIBUTION,
                     url=url,
-                    hashes=[_sha256(w["hashes"]["sha256"])],
+                    hashes=[sbom.sha256_hash(w["hashes"]["sha256"])],
                     comment="the wheel uv locked for the target",
                 )
             ],
