@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,16 +21,24 @@ from pathlib import Path
 import pytest
 from repo_copy import run_in_copy, run_pipeline
 
-from tpfix.lines import get_line, sdist_pin
-from tpfix.patch_format import read_series
+from tpfix.lines import get_line, revision_number, sdist_pin
+from tpfix.patch_format import read_series, split
 from tpfix.util import cache_dir
 
 FAKE_SHA = "0" * 64
+# The default line (the top-level VERSION) is the one broken here: the
+# pipeline builds it when no --line is given.
+LINE = get_line()
+TAG = LINE.tag
+PUB = TAG.removeprefix("v")  # its upstream version, e.g. 0.27.1
+SDIST = sdist_pin(TAG).filename
+_major, _minor, _micro = PUB.split(".")
+UNPINNED = f"{_major}.{_minor}.{int(_micro) + 1}"  # a release with no line folder
 
 
 def _set_sdist_sha(repo: Path, sha: str) -> None:
-    pins = repo / "patches" / "v0.27.1" / "pins.toml"
-    pins.write_text(pins.read_text().replace(sdist_pin(get_line().tag).sha256, sha))
+    pins = repo / "patches" / TAG / "pins.toml"
+    pins.write_text(pins.read_text().replace(sdist_pin(TAG).sha256, sha))
 
 
 @pytest.mark.slow  # downloads the sdist (pip)
@@ -39,7 +48,7 @@ def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     proc = run_in_copy(repo, "-m", "tpfix.patch", str(tmp_path / "tree"), cache=cache)
     assert proc.returncode == 2
     err = proc.stderr
-    assert "vllm-0.27.1.tar.gz: sha256 mismatch" in err
+    assert f"{SDIST}: sha256 mismatch" in err
     assert f"expected {FAKE_SHA}" in err
     assert f"got {sdist_pin(get_line().tag).sha256}" in err
     assert "Traceback" not in err
@@ -61,7 +70,7 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     proc = run_in_copy(
         repo,
         "-c",
-        "from tpfix.fetch import fetch_sdist; print(fetch_sdist('v0.27.1'))",
+        f"from tpfix.fetch import fetch_sdist; print(fetch_sdist({TAG!r}))",
         cache=cache,
     )
     assert proc.returncode == 0, proc.stderr
@@ -85,41 +94,44 @@ def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
 
 @pytest.mark.slow  # asks the package index
 def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
-    pins = repo / "patches" / "v0.27.1" / "pins.toml"
-    pins.write_text(
-        pins.read_text().replace(
-            'version = "0.27.1"\nrole = "sdist"', 'version = "0.27.99"\nrole = "sdist"'
-        )
-    )
+    pins = repo / "patches" / TAG / "pins.toml"
+    sdist = f'version = "{PUB}"\nrole = "sdist"'
+    assert sdist in pins.read_text()
+    pins.write_text(pins.read_text().replace(sdist, f'version = "{PUB}99"\nrole = "sdist"'))
     proc = run_in_copy(repo, "-m", "tpfix.fetch", cache=tmp_path / "cache")
     assert proc.returncode == 2
-    assert "vllm-0.27.1.tar.gz: vllm==0.27.99 is not available" in proc.stderr
+    assert f"{SDIST}: vllm=={PUB}99 is not available" in proc.stderr
 
 
-def _break_patch(repo: Path, how: str) -> str:
-    name = read_series(get_line().series)[0]
-    p = repo / "patches" / get_line().tag / name
-    text = p.read_text()
+def _break_patch(repo: Path, how: str) -> tuple[str, str]:
+    """Break the line's first patch: the first line it removes changed (a
+    conflict), or its first hunk moved by 10 lines (an offset); (the patch,
+    the file of the broken hunk)."""
+    name = read_series(LINE.series)[0]
+    p = repo / "patches" / TAG / name
+    header, diff = split(p.read_text())
     if how == "conflict":
-        text = text.replace(
-            " # From versions.json: .flashinfer.version", " # From versions.json: something else", 1
-        )
-    else:  # shift the first hunk's position: an offset
-        text = text.replace("@@ -811,7 +811,7 @@", "@@ -801,7 +801,7 @@", 1)
-    p.write_text(text)
-    return name
+        m = re.search(r"^-(?!--).*$", diff, re.M)
+        hunk = "-something else"
+    else:
+        m = re.search(r"^@@ -(\d+)(,\d+)? \+(\d+)", diff, re.M)
+        shift = -10 if int(m[1]) > 10 else 10
+        hunk = f"@@ -{int(m[1]) + shift}{m[2] or ''} +{int(m[3]) + shift}"
+    p.write_text(header + diff[: m.start()] + hunk + diff[m.end() :])
+    *_, path = re.findall(r"^\+\+\+ b/(\S+)", diff[: m.start()], re.M)
+    return name, path
 
 
 @pytest.mark.parametrize("how", ["conflict", "offset"])
 def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
     repo: Path, tmp_path: Path, how: str
 ):
-    name = _break_patch(repo, how)
+    name, path = _break_patch(repo, how)
     dest = tmp_path / "out" / "tree"
     proc = run_in_copy(repo, "-m", "tpfix.patch", str(dest))
     assert proc.returncode == 2, proc.stderr
-    assert f"patches/v0.27.1/{name}" in proc.stderr
-    assert "docker/Dockerfile" in proc.stderr
+    assert f"patches/{TAG}/{name}" in proc.stderr
+    assert path in proc.stderr
     assert ("offset" in proc.stderr) == (how == "offset")
     assert not dest.exists()
     assert list(dest.parent.iterdir()) == []  # no half-patched temporary either
@@ -152,13 +164,13 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     assert proc.returncode == 2
     assert "patches/v0.40.0/pins.toml is missing: a line folder holds" in proc.stderr
     # VERSION's revision must be the newest of the line's CHANGELOG.md
-    (repo / "patches" / "v0.27.1" / "VERSION").write_text("0.27.1+tpfix.9\n")
+    ahead = f"{PUB}+tpfix.{revision_number(LINE, LINE.version) + 1}"
+    (repo / "patches" / TAG / "VERSION").write_text(ahead + "\n")
     proc = build()
     assert proc.returncode == 2
     assert (
-        "patches/v0.27.1/VERSION: 0.27.1+tpfix.9, but patches/v0.27.1/CHANGELOG.md's newest "
-        f"entry is {get_line('v0.27.1').version}; run: python -m tpfix.maint.revision "
-        "bump v0.27.1"
+        f"patches/{TAG}/VERSION: {ahead}, but patches/{TAG}/CHANGELOG.md's newest "
+        f"entry is {LINE.version}; run: python -m tpfix.maint.revision bump {TAG}"
     ) in proc.stderr
     assert "Traceback" not in proc.stderr
     # nothing left behind: no dist folder, no state folder (lock) under build/dists/
@@ -170,14 +182,17 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
 @pytest.mark.parametrize(
     "text,message",
     [
-        ("0.27.1-tpfix", "VERSION: '0.27.1-tpfix' is not a PEP 440 version"),
-        ("0.27.1+TPFIX.1", "VERSION: write the normalized form '0.27.1+tpfix.1'"),
-        ("0.27.2+tpfix.1", "VERSION: public version 0.27.2 has no pins (v0.27.2.toml is missing)"),
-        ("0.27.1+other.1", "VERSION: '0.27.1+other.1' needs the local label +tpfix.<n>"),
+        (f"{PUB}-tpfix", f"VERSION: '{PUB}-tpfix' is not a PEP 440 version"),
+        (f"{PUB}+TPFIX.1", f"VERSION: write the normalized form '{PUB}+tpfix.1'"),
+        (
+            f"{UNPINNED}+tpfix.1",
+            f"VERSION: public version {UNPINNED} has no pins (v{UNPINNED}.toml is missing)",
+        ),
+        (f"{PUB}+other.1", f"VERSION: '{PUB}+other.1' needs the local label +tpfix.<n>"),
     ],
 )
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
-    (repo / "patches" / "v0.27.1" / "VERSION").write_text(text + "\n")
+    (repo / "patches" / TAG / "VERSION").write_text(text + "\n")
     read = "lines.read_version(lines.LINES / lines.TAG / 'VERSION')"
     code = f"from tpfix import lines, util; util.main_wrapper(lambda: {read})"
     proc = run_in_copy(repo, "-c", code)
@@ -189,7 +204,7 @@ def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
 def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     dist = tmp_path / "dist"
     dist.mkdir()
-    (dist / "vllm-0.27.1+tpfix.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"old")
+    (dist / f"vllm-{PUB}+tpfix.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"old")
     (dist / "SHA256SUMS").write_text("old\n")
     before = {p.name: p.read_bytes() for p in dist.iterdir()}
     venv_py = Path(sys.executable)
@@ -304,7 +319,7 @@ def test_lock_of_a_killed_build_does_not_block(repo: Path, tmp_path: Path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "in use by another build" not in proc.stderr
-    assert "vllm-0.27.1.tar.gz: vllm==0.27.1 is not available" in proc.stderr
+    assert f"{SDIST}: vllm=={PUB} is not available" in proc.stderr
     # What the killed build left is gone, removed under the lock; nothing else is left.
     assert not list(work.glob("tree.*"))
     assert not list(dist.glob(".staging-*"))

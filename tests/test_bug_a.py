@@ -29,6 +29,13 @@ tree_before(patch) (red) and tree_after(patch) (green); the verdicts of the
 patch headers' ``Scenario:`` fields (replay.harness) are applied to the same
 results.
 
+The line: these red/green facts (which case each patch fixes, the shapes,
+the attempts) are those of the line the bug-A patches were written on,
+v0.27.1, whatever the top-level VERSION names: a line started from it
+(rebase.json) replays each port's scenarios against its own tag from its
+port.toml (test_upstream_port.py), and every line's prefixes run this
+suite in test_bisect.py.
+
 Tiers: the seed's cold and warm start and each patch header's ``Scenario:``
 (each red before and green after its patch) are the fast tier; the suite of
 named cases on every tree of the series and the property test run the same
@@ -41,15 +48,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from replays import suites
+from replays import source_line, suites
 
 from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.replay import bug_a
 from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
 
-PATCHES = get_line().patches
-SERIES = read_series(get_line().series)
+LINE = source_line(get_line())  # v0.27.1, for the default line and its ports
+PATCHES = LINE.patches
+SERIES = read_series(LINE.series)
 
 
 def _patch(number: str) -> str:
@@ -58,7 +66,10 @@ def _patch(number: str) -> str:
 
 
 STANDALONE, SIZING, AGREEMENT, RANGES = (_patch(n) for n in ("0002", "0003", "0004", "0005"))
-WHEN = {"before": tree_before, "after": tree_after}
+WHEN = {
+    "before": lambda patch: tree_before(patch, LINE),
+    "after": lambda patch: tree_after(patch, LINE),
+}
 SEED_MESSAGE = bug_a.SEED_MESSAGE
 MiB = 2**20
 
@@ -515,7 +526,7 @@ def _fused_ranges(res: dict) -> dict | None:
 # -- property over the configuration space --------------------------------------
 @pytest.fixture(scope="module")
 def prop():
-    trees = {"before": tree_after(SERIES[0]), "after": tree_after(SERIES[-1])}
+    trees = {"before": tree_after(SERIES[0], LINE), "after": tree_after(SERIES[-1], LINE)}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             k: pool.submit(run_scenario, t, "bug_a:property_fits", max_examples=60)

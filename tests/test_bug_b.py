@@ -167,10 +167,12 @@ def test_narrower_model_at_granularity_1_alike_on_both_trees(narrow):
     reserves one-shot for floor(1 MiB / (8 * 2 * 6144)) = 10 rows = 983040
     bytes (granularity 1).  For the 4096-wide model at N = 16, FlashInfer's
     AUTO (1 MiB rule) asks for one-shot, 1048576 bytes: FlashInfer raises, on
-    pristine (the target's op creates that workspace) and with the series
-    (the worker creates it at load) alike."""
+    pristine (the target's op creates that workspace, or, where the tag sizes
+    the pass for the widest model as v0.33.0 does (vllm#52193), the pass)
+    and with the series (the worker creates it at load) alike."""
     before, after = narrow[("1 B", "before")], narrow[("1 B", "after")]
-    assert before["planned_shape"] is None and after["planned_shape"] == [16, 6144]
+    assert before["planned_shape"] in (None, [16, 6144]), before
+    assert after["planned_shape"] == [16, 6144]
     assert before["mnnvl_buffer_size_bytes"] == after["mnnvl_buffer_size_bytes"] == 983040
     for r in (before, after):
         assert check_run_case(r) is False

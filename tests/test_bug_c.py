@@ -18,25 +18,21 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from replays import BUG_C, bug_c_patch
 
 from tpfix.lines import get_line, read_pin_file
 from tpfix.patch import cached_tree
-from tpfix.patch_format import read_series
 from tpfix.replay.harness import (
-    patch_checks,
     pinned_flashinfer,
     run_scenario,
     tree_after,
     tree_before,
 )
 
-SPEC = "bug_c:import_flashinfer_all_reduce"
+SPEC = BUG_C
 LINE = get_line()
 PINS = read_pin_file(LINE.pins)
-# the patch of the line's series that fixes bug C (None: the tag has the fix)
-(PATCH,) = [
-    n for n in read_series(LINE.series) if SPEC in [c.spec for c in patch_checks(LINE.patches / n)]
-] or [None]
+PATCH = bug_c_patch(LINE)  # the patch that fixes bug C (None: the tag has the fix)
 
 
 @pytest.fixture(scope="module", autouse=True)

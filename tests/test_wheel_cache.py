@@ -13,7 +13,10 @@ import pytest
 from tpfix import wheel_cache
 from tpfix.lines import get_line
 
-NAME = "vllm-0.27.1+tpfix.8-cp38-abi3-manylinux_2_28_x86_64.whl"
+TAG = get_line().tag  # the default line's cache entries
+PUB = TAG.removeprefix("v")
+V8, V9 = f"{PUB}+tpfix.8", f"{PUB}+tpfix.9"
+NAME = f"vllm-{V8}-cp38-abi3-manylinux_2_28_x86_64.whl"
 
 
 @pytest.fixture
@@ -30,8 +33,8 @@ def _wheel(folder: Path, data: bytes = b"the wheel's bytes") -> Path:
 
 def test_a_stored_wheel_comes_back_with_its_bytes(cache: Path, tmp_path: Path):
     line = get_line()
-    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
-    got = _restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"))
+    _store(line, V8, "x86_64", 1, _wheel(tmp_path / "built"))
+    got = _restore(line, V8, "x86_64", 1, _mkdir(tmp_path / "staging"))
     assert got == tmp_path / "staging" / NAME
     assert got.read_bytes() == b"the wheel's bytes"
 
@@ -39,14 +42,14 @@ def test_a_stored_wheel_comes_back_with_its_bytes(cache: Path, tmp_path: Path):
 @pytest.mark.parametrize(
     "other",
     [
-        ("0.27.1+tpfix.9", "x86_64", 1),
-        ("0.27.1+tpfix.8", "aarch64", 1),
-        ("0.27.1+tpfix.8", "x86_64", 2),
+        (V9, "x86_64", 1),
+        (V8, "aarch64", 1),
+        (V8, "x86_64", 2),
     ],
 )
 def test_other_inputs_are_a_miss(cache: Path, tmp_path: Path, other):
     line = get_line()
-    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
+    _store(line, V8, "x86_64", 1, _wheel(tmp_path / "built"))
     assert _restore(line, *other, _mkdir(tmp_path / "staging")) is None
     assert not list((tmp_path / "staging").iterdir())
 
@@ -63,11 +66,11 @@ def test_the_key_covers_the_series_and_the_build_code(monkeypatch):
 
 def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path: Path):
     line = get_line()
-    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "built"))
-    (entry,) = (cache / "built" / "v0.27.1-x86_64").iterdir()
+    _store(line, V8, "x86_64", 1, _wheel(tmp_path / "built"))
+    (entry,) = (cache / "built" / f"{TAG}-x86_64").iterdir()
     (entry / NAME).write_bytes(b"tampered")
     warned = []
-    got = _restore(line, "0.27.1+tpfix.8", "x86_64", 1, _mkdir(tmp_path / "staging"), warned.append)
+    got = _restore(line, V8, "x86_64", 1, _mkdir(tmp_path / "staging"), warned.append)
     assert got is None
     assert not list((tmp_path / "staging").iterdir())  # the copy is gone too
     assert len(warned) == 1 and "not the bytes recorded" in warned[0] and NAME in warned[0]
@@ -76,14 +79,14 @@ def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path:
 
 def test_storing_replaces_the_older_entries_of_the_line_and_arch(cache: Path, tmp_path: Path):
     line = get_line()
-    _store(line, "0.27.1+tpfix.8", "x86_64", 1, _wheel(tmp_path / "a", b"eight"))
-    _store(line, "0.27.1+tpfix.9", "x86_64", 1, _wheel(tmp_path / "b", b"nine"))
-    _store(line, "0.27.1+tpfix.8", "aarch64", 1, _wheel(tmp_path / "c", b"arm"))
-    assert len(list((cache / "built" / "v0.27.1-x86_64").iterdir())) == 1
+    _store(line, V8, "x86_64", 1, _wheel(tmp_path / "a", b"eight"))
+    _store(line, V9, "x86_64", 1, _wheel(tmp_path / "b", b"nine"))
+    _store(line, V8, "aarch64", 1, _wheel(tmp_path / "c", b"arm"))
+    assert len(list((cache / "built" / f"{TAG}-x86_64").iterdir())) == 1
     staging = _mkdir(tmp_path / "staging")
-    assert _restore(line, "0.27.1+tpfix.8", "x86_64", 1, staging) is None
-    assert _restore(line, "0.27.1+tpfix.9", "x86_64", 1, staging).read_bytes() == b"nine"
-    assert _restore(line, "0.27.1+tpfix.8", "aarch64", 1, staging).read_bytes() == b"arm"
+    assert _restore(line, V8, "x86_64", 1, staging) is None
+    assert _restore(line, V9, "x86_64", 1, staging).read_bytes() == b"nine"
+    assert _restore(line, V8, "aarch64", 1, staging).read_bytes() == b"arm"
 
 
 def _store(line, version: str, arch: str, epoch: int, wheel: Path) -> None:

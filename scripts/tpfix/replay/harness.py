@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpfix.fetch import fetch_test_dep
-from tpfix.lines import get_line
+from tpfix.lines import Line, get_line
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_patch, read_series
 from tpfix.util import Fail, cache_dir, cache_lock
@@ -49,14 +49,18 @@ from tpfix.util import Fail, cache_dir, cache_lock
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
-def tree_after(patch: str) -> Path:
-    return cached_tree(get_line(), upto=patch)
+def tree_after(patch: str, line: Line | None = None) -> Path:
+    """The tree of `line`'s series up to and with `patch` (default line: the
+    top-level VERSION's)."""
+    return cached_tree(line or get_line(), upto=patch)
 
 
-def tree_before(patch: str) -> Path:
-    names = read_series(get_line().series)
+def tree_before(patch: str, line: Line | None = None) -> Path:
+    """The tree of `line`'s series up to `patch`, without it."""
+    line = line or get_line()
+    names = read_series(line.series)
     i = names.index(patch)
-    return cached_tree(get_line(), upto=names[i - 1] if i else "")
+    return cached_tree(line, upto=names[i - 1] if i else "")
 
 
 def pinned_flashinfer(tree: Path) -> str:
