@@ -70,13 +70,12 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from tpfix.lines import Line, get_line, line_names
-from tpfix.package import add_to_dist, check_signer, find_wheel
+from tpfix.lines import Line
+from tpfix.package import add_dist_step_args, add_to_dist, dist_step, find_wheel
 from tpfix.resolution import needed, resolve, target
 from tpfix.triage import load_triage
-from tpfix.util import Fail, add_sign_arg, main_wrapper, shown
+from tpfix.util import Fail, main_wrapper, shown
 from tpfix.wheelfile import wheel_arch
-from tpfix.worklock import dist_lock
 
 
 def read_requirements(path: Path) -> list[tuple[str, str]]:
@@ -336,26 +335,15 @@ def write_report(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
-    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    add_dist_step_args(ap)
     what = ap.add_mutually_exclusive_group()
     what.add_argument("--requirements", type=Path, help="audit this pinned set (name==version)")
     what.add_argument("--image", type=Path, help="audit the environment an image's SBOM lists")
-    ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
     ap.add_argument("--service", default="pypi", choices=["pypi", "osv"])
-    ap.add_argument(
-        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
-    )
     ap.add_argument("--osv-url", help="an OSV-compatible API (with --service osv)")
-    add_sign_arg(ap)
     args = ap.parse_args()
-    from tpfix.attest import signing_key
-
-    signer = signing_key(args.sign_key)
-    line = get_line(args.line)
-    dist = (args.dist or line.dist).resolve()
-    with dist_lock(dist, "audit another folder: --dist DIR"):
-        check_signer(dist, signer)  # before the audit: its report goes into dist/
+    # the dist folder checked signable before the audit: its report goes into it
+    with dist_step(args, "audit another folder: --dist DIR") as (line, dist, signer):
         wheel, _ = find_wheel(dist, args.arch)
         arch = wheel_arch(wheel)
         tgt = target(line, arch)

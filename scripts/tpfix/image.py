@@ -67,6 +67,7 @@ from tpfix.lines import (
     line_names,
     load_pins,
     read_version,
+    wheel_arches,
 )
 from tpfix.package import add_to_dist, check_signer, find_wheel, wheel_entry
 from tpfix.patch_format import read_series, series_digest
@@ -381,7 +382,7 @@ def main() -> None:
     add_image_args(ap)
     add_sign_arg(ap)
     ap.add_argument(
-        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
+        "--arch", choices=wheel_arches(), help="the wheel of dist/ (default: its only one)"
     )
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()

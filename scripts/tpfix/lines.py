@@ -245,6 +245,13 @@ def wheel_pin(arch: str, tag: str) -> Artifact:
     raise Fail(f"{tag_pins(tag)}: no official wheel pinned for arch {arch!r}")
 
 
+def wheel_arches(tag: str | None = None) -> list[str]:
+    """The arches of the official wheels pinned for `tag` or, without one,
+    for any line (the choices of an --arch argument)."""
+    tags = [tag] if tag else line_names()
+    return sorted({a.arch for t in tags for a in load_pins(tag_pins(t)) if a.role == "wheel"})
+
+
 def read_version(path: Path) -> str:
     """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from a line's
     VERSION file."""

@@ -28,13 +28,15 @@ it (tests/test_package.py kills one at every step).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-from tpfix.lines import Line, read_version
-from tpfix.util import Fail, link_or_copy, sha256_file, write_atomic
+from tpfix.lines import Line, get_line, line_names, read_version, wheel_arches
+from tpfix.util import Fail, add_sign_arg, link_or_copy, sha256_file, write_atomic
 from tpfix.wheelfile import wheel_arch
 
 SUMS = "SHA256SUMS"
@@ -180,6 +182,35 @@ def wheel_entry(sums: Path, arch: str | None = None) -> tuple[str, str, str]:
             fix = "one per arch: give --arch x86_64 or --arch aarch64"
         raise Fail(f"{sums} lists {len(mine)} {what}, expected exactly one ({listed}); {fix}")
     return mine[0]
+
+
+def add_dist_step_args(ap) -> None:
+    """The arguments of a step that adds files to a built dist folder
+    (tpfix.advisories, tpfix.resolved_sbom): --line, --dist, --arch,
+    --index-url and --sign-key; dist_step() reads them."""
+    ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
+    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    ap.add_argument(
+        "--arch", choices=wheel_arches(), help="the wheel of dist/ (default: its only one)"
+    )
+    ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
+    add_sign_arg(ap)
+
+
+@contextlib.contextmanager
+def dist_step(args, fix: str) -> Iterator[tuple[Line, Path, object]]:
+    """(line, dist folder, signer) of add_dist_step_args' `args`, with the
+    dist folder locked (`fix`: what to do while another build holds it) and
+    checked to be signable: a signed folder needs the key before any work."""
+    from tpfix.attest import signing_key
+    from tpfix.worklock import dist_lock
+
+    signer = signing_key(args.sign_key)
+    line = get_line(args.line)
+    dist = (args.dist or line.dist).resolve()
+    with dist_lock(dist, fix):
+        check_signer(dist, signer)
+        yield line, dist, signer
 
 
 def find_wheel(dist: Path, arch: str | None = None) -> tuple[Path, str]:

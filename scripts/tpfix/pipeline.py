@@ -56,6 +56,7 @@ from tpfix.lines import (
     get_line,
     line_names,
     read_version,
+    wheel_arches,
 )
 from tpfix.package import describe, listed, other_arches, publish
 from tpfix.patch import prepare_tree
@@ -374,7 +375,7 @@ def main() -> None:
     from tpfix.image_engine import check_platform
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default=host_arch(), choices=["x86_64", "aarch64"])
+    ap.add_argument("--arch", default=host_arch(), choices=wheel_arches())
     ap.add_argument(
         "--line",
         choices=line_names(),

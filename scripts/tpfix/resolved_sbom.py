@@ -74,12 +74,11 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name, canonicalize_version
 
 from tpfix import sbom
-from tpfix.lines import Line, get_line, line_names, read_version
-from tpfix.package import add_to_dist, check_signer, find_wheel
+from tpfix.lines import Line, read_version
+from tpfix.package import add_dist_step_args, add_to_dist, dist_step, find_wheel
 from tpfix.resolution import lock, pick_wheel, target, uv_version
-from tpfix.util import Fail, add_sign_arg, main_wrapper
+from tpfix.util import Fail, main_wrapper
 from tpfix.wheelfile import parse_metadata, requirements, wheel_arch, wheel_message
-from tpfix.worklock import dist_lock
 
 SUFFIX = ".resolved.cdx.json"
 SHORT_LICENSE = 64  # a License field longer than this, or of several lines, is a text
@@ -408,21 +407,9 @@ def build(wheel: Path, digest: str, line: Line, index_url: str | None, workers: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
-    ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
-    ap.add_argument(
-        "--arch", choices=["x86_64", "aarch64"], help="the wheel of dist/ (default: its only one)"
-    )
-    ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
-    add_sign_arg(ap)
+    add_dist_step_args(ap)
     args = ap.parse_args()
-    from tpfix.attest import signing_key
-
-    signer = signing_key(args.sign_key)
-    line = get_line(args.line)
-    dist = (args.dist or line.dist).resolve()
-    with dist_lock(dist, "resolve another folder: --dist DIR"):
-        check_signer(dist, signer)  # before the work: its file goes into dist/
+    with dist_step(args, "resolve another folder: --dist DIR") as (line, dist, signer):
         wheel, digest = find_wheel(dist, args.arch)
         text = build(wheel, digest, line, args.index_url)
         doc = json.loads(text)
