@@ -283,6 +283,8 @@ def test_an_output_folder_held_from_another_checkout_is_refused(tmp_path: Path, 
     said = _refused(dist_lock(dist))
     assert said.startswith(f"dist folder {dist} is in use by another build, one whose lock file")
     assert "another checkout's build" in said and said.endswith("./build.sh --dist DIR.")
+    # the refused build leaves no state folder of its own behind
+    assert not dist_state(dist).exists()
 
 
 def test_an_unused_output_folder_and_its_state_are_removed(tmp_path: Path, holders):

@@ -186,16 +186,20 @@ def dist_lock(
     what = f"dist folder {dist}"
     state = dist_state(dist)
     created = [p for p in (dist, state) if not p.exists()]
-    with hold(state / "lock", what, fix), hold_folder(dist, what, fix):
+    entered = False
+    with hold(state / "lock", what, fix):
         try:
-            yield
+            with hold_folder(dist, what, fix):
+                entered = True
+                yield
         finally:
-            # A build that published nothing (a failed pre-check) leaves no
-            # folder it created: an empty dist/, its state folder with the lock.
+            # A build that published nothing (a failed pre-check, or refused
+            # by another checkout's flock on dist/) leaves no folder it
+            # created: an empty dist/, its state folder with the lock.
             with contextlib.suppress(OSError):
                 if dist in created:
                     dist.rmdir()  # only if empty
-                if state in created and not dist.exists():
+                if state in created and (not entered or not dist.exists()):
                     if [p.name for p in state.iterdir()] == ["lock"]:
                         (state / "lock").unlink()
                     state.rmdir()
