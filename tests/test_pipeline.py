@@ -1,0 +1,228 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""The pipeline's own steps (scripts/tpfix/pipeline.py), unit by unit, in
+tmp_path: the step lines, the staging folder, the clean-up of what killed
+builds left, the output folder checks, the space checks and the messages of
+a full disk, the tool check, and main()'s arguments.
+
+Simulated: a full file system (pipeline.free_bytes answering 0; an OSError
+ENOSPC raised inside the block, as a write or pip's failure would end),
+missing tools (made-up module names in pipeline.TOOLS), and the build itself
+(main()'s locks, tool check and _run_locked replaced by recorders, to see
+what its arguments become).
+
+Already tested elsewhere, not here (test_ops.py, test_package.py,
+test_bad_input.py): clear_staging of a staging folder and of a write killed at
+its rename; staged and publish on a mount point; a read-only dist or parent;
+too little space and TPFIX_SPACE_CHECK=0 on a real small tmpfs; a full disk
+mid-publish and during setup.py; the build locks; one missing tool; an
+unknown --line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpfix import attest, pipeline
+from tpfix.lines import get_line, line_names
+from tpfix.util import PARTIAL, ROOT, Fail
+
+
+def test_a_step_is_one_line_on_stderr(capsys):
+    pipeline._step("fetch + verify pins")
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "==> fetch + verify pins\n")
+
+
+def test_staged_is_a_hidden_folder_in_dist_removed_however_the_block_ends(tmp_path: Path):
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    with pipeline.staged(dist) as staging:
+        assert staging.parent == dist and staging.is_dir()
+        assert staging.name.startswith(f".staging-{os.getpid()}-")
+        (staging / "vllm.whl").write_bytes(b"a wheel being made")
+        with pipeline.staged(dist) as second:
+            assert second != staging
+    assert list(dist.iterdir()) == []
+    with pytest.raises(RuntimeError, match="the build failed"), pipeline.staged(dist) as staging:
+        (staging / "half.whl").write_bytes(b"half")
+        raise RuntimeError("the build failed")
+    assert list(dist.iterdir()) == []
+
+
+def test_clear_staging_removes_old_indexes_and_legacy_staging_only(tmp_path: Path):
+    """A publish killed between its two renames leaves dist/.<folder>.old;
+    builds before dist/.staging-* staged beside dist, in .<dist>-staging.*."""
+    dist = tmp_path / "dist"
+    (dist / ".simple.old" / "vllm").mkdir(parents=True)
+    (dist / "simple" / "vllm").mkdir(parents=True)
+    (dist / ".hidden-but-ours-not").write_text("not a build's")
+    legacy = tmp_path / ".dist-staging.1234"
+    (legacy / "part").mkdir(parents=True)
+    (tmp_path / ".other-staging.1234").mkdir()  # another folder's: not dist's
+    pipeline.clear_staging(dist)
+    assert sorted(p.name for p in dist.iterdir()) == [".hidden-but-ours-not", "simple"]
+    assert (dist / "simple" / "vllm").is_dir()
+    assert not legacy.exists()
+    assert (tmp_path / ".other-staging.1234").is_dir()
+
+
+def test_clear_staging_with_an_unreadable_sha256sums_still_clears_dist(tmp_path: Path):
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "SHA256SUMS").write_text("not a sha256sum line\n")
+    (dist / f".SHA256SUMS{PARTIAL}abc").write_text("a killed write")
+    (dist / ".staging-1-x").mkdir()
+    pipeline.clear_staging(dist)
+    assert sorted(p.name for p in dist.iterdir()) == ["SHA256SUMS"]
+    assert (dist / "SHA256SUMS").read_text() == "not a sha256sum line\n"  # the build rewrites it
+
+
+def test_writable_folder_makes_missing_parents(tmp_path: Path):
+    folder = tmp_path / "a" / "b" / "dist"
+    pipeline.writable_folder(folder, "dist folder", "give another")
+    assert folder.is_dir() and list(folder.iterdir()) == []  # its probe file is gone
+
+
+@pytest.mark.parametrize("where", ["folder", "parent"])
+def test_a_file_in_the_folders_place_is_one_line_naming_it(tmp_path: Path, where: str):
+    blocker = tmp_path / "dist"
+    blocker.write_text("a file, not a folder")
+    folder = blocker if where == "folder" else blocker / "sub"
+    with pytest.raises(Fail) as e:
+        pipeline.writable_folder(folder, "dist folder", "give another: ./build.sh --dist DIR")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"dist folder {folder} is not writable (")
+    assert msg.endswith("or give another: ./build.sh --dist DIR")
+    assert blocker.read_text() == "a file, not a folder"
+
+
+def test_every_missing_tool_is_named_at_once(monkeypatch):
+    monkeypatch.setitem(pipeline.TOOLS, "tpfix_no_such_a", ("tool-a", "the first"))
+    monkeypatch.setitem(pipeline.TOOLS, "tpfix_no_such_b", ("tool-b", "the second"))
+    with pytest.raises(Fail) as e:
+        pipeline.check_tools()
+    assert f"missing in {sys.prefix}: tool-a (the first), tool-b (the second);" in str(e.value)
+
+
+def test_work_and_dist_on_one_file_system_need_the_sum(tmp_path: Path, monkeypatch):
+    work, dist = tmp_path / "work", tmp_path / "dist"
+    work.mkdir()
+    dist.mkdir()
+    ((mp, free, need, what),) = pipeline.space_needs(work, dist)
+    assert need == pipeline.WORK_SPACE + pipeline.DIST_SPACE
+    assert what == f"work folder {work} and dist folder {dist}"
+    assert mp == pipeline.mount_point(tmp_path) and (mp == Path("/") or mp.is_mount())
+    monkeypatch.setattr(pipeline, "free_bytes", lambda folder: need - 1)  # one byte short
+    with pytest.raises(Fail) as e:
+        pipeline.check_space(work, dist)
+    msg = str(e.value)
+    assert msg.startswith("not enough free space: work folder ")
+    assert f"a build needs {need / 10**9:.2f} GB on the file system at {mp}" in msg
+    monkeypatch.setenv(pipeline.SPACE_CHECK_ENV, "0")
+    pipeline.check_space(work, dist)  # the operator's override
+    monkeypatch.setenv(pipeline.SPACE_CHECK_ENV, "1")
+    monkeypatch.setattr(pipeline, "free_bytes", lambda folder: need)
+    pipeline.check_space(work, dist)  # exactly enough
+
+
+def test_a_full_disk_in_the_block_is_one_line_with_the_fix(tmp_path: Path):
+    work, dist = tmp_path / "work", tmp_path / "dist"
+    work.mkdir()
+    dist.mkdir()
+    target = work / "tree.x" / "vllm" / "big.so"  # not made yet: its parents are searched
+    for code in (errno.ENOSPC, errno.EDQUOT):
+        with pytest.raises(Fail) as e, pipeline.space_errors(work, dist):
+            raise OSError(code, "No space left on device", str(target))
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert msg.startswith(f"no space left on device writing {target}: work folder {work}")
+        assert msg.endswith("free some, or use --workdir/--dist on another file system")
+
+
+def test_a_full_disk_elsewhere_names_that_file_system_and_the_cache(tmp_path: Path):
+    """A file on neither work's nor dist's file system (the download cache's):
+    /proc stands in for it (another mount on every Linux)."""
+    work, dist = tmp_path / "work", tmp_path / "dist"
+    work.mkdir()
+    dist.mkdir()
+    if pipeline.mount_point(Path("/proc")) == pipeline.mount_point(tmp_path):
+        pytest.skip("/proc is not a mount point here")
+    with pytest.raises(Fail) as e, pipeline.space_errors(work, dist):
+        raise OSError(errno.ENOSPC, "No space left on device", "/proc/tpfix-cache/tmp/x")
+    msg = str(e.value)
+    assert "writing /proc/tpfix-cache/tmp/x (its file system at /proc: " in msg
+    assert msg.endswith("set VLLM_DIST_CACHE to a download cache on another file system")
+
+
+def test_other_errors_pass_through_the_space_check(tmp_path: Path):
+    with pytest.raises(PermissionError) as e, pipeline.space_errors(tmp_path, tmp_path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "x"))
+    assert e.value.errno == errno.EACCES
+
+
+@pytest.fixture
+def build_args(monkeypatch, capsys):
+    """main(ARGS) -> what it would build: the locks' folders and _run_locked's
+    arguments; nothing is locked, fetched or built."""
+    seen: dict = {}
+
+    class Locks:
+        def __init__(self, workdir, dist):
+            seen["locks"] = (workdir, dist)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run_locked(arch, dist, workdir, line, signer=None, cached=True):
+        seen["run"] = {"arch": arch, "dist": dist, "workdir": workdir, "line": line}
+        seen["run"]["cached"] = cached
+        return type("Release", (), {"wheel": dist / "vllm.whl"})()
+
+    monkeypatch.setattr(pipeline, "build_locks", Locks)
+    monkeypatch.setattr(pipeline, "_run_locked", run_locked)
+    monkeypatch.setattr(pipeline, "check_tools", lambda: None)
+    monkeypatch.setattr(pipeline, "sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(attest, "signing_key", lambda path: None)
+
+    def main(*args: str) -> dict:
+        seen.clear()
+        monkeypatch.setattr(sys, "argv", ["tpfix.pipeline", *args])
+        pipeline.main()
+        assert capsys.readouterr().out == f"{seen['run']['dist'] / 'vllm.whl'}\n"
+        return seen
+
+    return main
+
+
+def test_main_builds_the_default_line_into_dist_by_default(build_args):
+    seen = build_args()
+    run = seen["run"]
+    assert run["line"] == get_line()
+    assert (run["dist"], run["workdir"]) == (ROOT / "dist", ROOT / "build" / "work")
+    assert seen["locks"] == (run["workdir"], run["dist"])
+    assert run["cached"] is True
+
+
+def test_main_builds_another_line_into_its_own_folders(build_args, tmp_path: Path):
+    others = [n for n in line_names() if n != get_line().tag]
+    if not others:
+        pytest.skip("one release line only")
+    tag = others[0]
+    run = build_args("--line", tag, "--no-cache")["run"]
+    assert run["line"] == get_line(tag)
+    assert run["dist"] == ROOT / "dist" / tag
+    assert run["workdir"] == ROOT / "build" / f"work-{tag}"
+    assert run["cached"] is False
+    given = build_args("--line", tag, "--dist", str(tmp_path / "d"), "--workdir", str(tmp_path))
+    assert (given["run"]["dist"], given["run"]["workdir"]) == (tmp_path / "d", tmp_path)
+    assert given["locks"] == (tmp_path, tmp_path / "d")
