@@ -97,11 +97,11 @@ def made(tmp_path: Path):
         "vllm/_version.py": f"__version__ = version = '{VERSION}'\n".encode(),
     }
 
-    def make(files=None, metadata=None, **change):
+    def make(files=None, metadata=None, info_version=VERSION, **change):
         files = {**good, **change} if files is None else files
         files = {k: v for k, v in files.items() if v is not None}
         meta = _metadata(VERSION) if metadata is None else metadata
-        return _wheel(tmp_path / "built.whl", VERSION, files, meta or None)
+        return _wheel(tmp_path / "built.whl", info_version, files, meta or None)
 
     return official, tree, make
 
@@ -159,17 +159,12 @@ def test_metadata_beyond_the_version_is_refused(made, metadata, problem):
     assert _verify(make(metadata=metadata), official, tree) == [problem]
 
 
-_UNBUMPED = "verify.py skips a file equal to the official wheel's before checking the version"
-
-
-@pytest.mark.xfail(strict=True, reason=_UNBUMPED)
 @pytest.mark.parametrize("where", ["METADATA", "vllm/_version.py"])
 def test_the_official_version_left_in_the_wheel_is_refused(made, where):
     """A build whose METADATA (or _version.py) still says the upstream
     version, byte for byte the official wheel's: a wheel that says it is
-    upstream's.  verify_wheel compares files to the official wheel first and
-    skips equal ones, so neither version check runs: this is accepted
-    (a bug, reported; strict xfail until verify.py is fixed)."""
+    upstream's: refused, although the file equals the official wheel's
+    (verify_wheel once skipped equal files before its version checks)."""
     official, tree, make = made
     if where == "METADATA":
         built = make(metadata=_metadata(UPSTREAM))
@@ -178,6 +173,13 @@ def test_the_official_version_left_in_the_wheel_is_refused(made, where):
         built = make(**{where: OFFICIAL_FILES[where]})
         problem = f"vllm/_version.py: does not carry version {VERSION}"
     assert _verify(built, official, tree) == [problem]
+
+
+def test_a_dist_info_named_with_another_version_is_refused(made):
+    official, tree, make = made
+    assert _verify(make(), official, tree) == []
+    problems = _verify(make(info_version=UPSTREAM), official, tree)
+    assert problems == [f"vllm-{UPSTREAM}.dist-info: expected vllm-{VERSION}.dist-info"]
 
 
 def test_a_wheel_without_dist_info_is_refused(made):

@@ -84,8 +84,8 @@ def verify_wheel(
                 if bb != (tree / key).read_bytes():
                     problems.append(f"{key}: patched file differs from the patched tree")
                 continue
-            if bb == ob or key == "DIST-INFO/RECORD":
-                continue
+            # the files that carry the version: checked even where equal to
+            # the official wheel's (that is a wheel still saying upstream's)
             if key == "vllm/_version.py":
                 if f"'{version}'" not in bb.decode():
                     problems.append(f"{key}: does not carry version {version}")
@@ -95,10 +95,15 @@ def verify_wheel(
                     bb.decode(), ob.decode(), version, tree, touched, (built, official)
                 )
                 continue
+            if bb == ob or key == "DIST-INFO/RECORD":
+                continue
             kind = "compiled binary" if key.endswith((".so", ".cubin")) else "file"
             problems.append(f"{key}: {kind} differs from the official wheel")
         if not any(k.startswith("DIST-INFO/") for k in bn):
             problems.append("no dist-info folder in the built wheel")
+        infos = sorted({n.split("/")[0] for n in bn.values() if _norm(n) != n})
+        if infos and infos != [f"vllm-{version}.dist-info"]:
+            problems.append(f"{', '.join(infos)}: expected vllm-{version}.dist-info")
     return problems
 
 
