@@ -52,7 +52,8 @@ SIMULATED = (
     "simulated (no GPU): the device (CUDA platform, the chosen SM capability, its name "
     "and memory), torch.distributed (a fake TP group), GPU allocation (FlashInfer's real "
     "workspace classes sized by FlashInfer's own formulas, at MNNVL allocation granularity "
-    "1), CUDA graph capture (a flag) and the kernels (CPU references); real: the line's "
+    "1), CUDA graph capture (a flag) and the kernels (each launch recorded, no values "
+    "computed; bug B's MNNVL sweep: CPU references); real: the line's "
     "vLLM configuration, worker, fusion pass and fused op code and FlashInfer's Python "
     "checks; bug C by reading FlashInfer's source"
 )

@@ -258,7 +258,8 @@ def warm_start_capture_order(
                 if res["fused"]:
                     calls["fused"] += 1
                     first_fused = first_fused or at
-                    max_err = max(max_err, res["max_abs_err"])
+                    err = res["max_abs_err"]  # None: not computed (numerics off)
+                    max_err = None if None in (err, max_err) else max(max_err, err)
                 else:
                     calls["unfused"] += 1
     except Exception as e:  # noqa: BLE001  (reported like the harness does)

@@ -303,11 +303,16 @@ def start(
 def deployment(**facts: Any) -> dict[str, Any]:
     """The deployment's cold start, then (a new process, the AOT cache now
     warm) its warm start in vLLM's start order: ``start("cold")`` and
-    ``start("warm")`` in one interpreter, with bug_a.new_process between."""
+    ``start("warm")`` in one interpreter, with bug_a.new_process between.
+    The simulated kernels record each launch but compute nothing: the doctor
+    reads shapes, sizes and errors, never the values (the tests compare
+    those with CPU references)."""
     import gc
 
     from tpfix.replay import bug_a
+    from tpfix.replay.flashinfer_sim import NUMERICS_ENV
 
+    os.environ[NUMERICS_ENV] = "0"  # this interpreter runs the doctor's replay only
     cold = start("cold", **facts)
     bug_a.new_process()
     gc.collect()  # the cold run's passes are gone, as in a new process

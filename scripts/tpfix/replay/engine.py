@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from tpfix.replay.device import FakeTPGroup, node_count, state
-from tpfix.replay.flashinfer_sim import reference_kernel, workspace_bytes
+from tpfix.replay.flashinfer_sim import numerics, reference_kernel, workspace_bytes
 
 _MODEL_DIR = os.path.join(tempfile.gettempdir(), f"bug_a_models_{os.getuid()}")
 
@@ -257,11 +257,16 @@ def forward(plan, num_tokens, pattern="kARResidualRMSNorm", dtype="bfloat16", we
         return {"fused": False}
     h = plan["hidden"]
     dt = getattr(torch, dtype)
-    g = torch.Generator().manual_seed(num_tokens * 7 + h)
-    x = torch.randn(num_tokens, h, generator=g).to(dt)
-    res = torch.randn(num_tokens, h, generator=g).to(dt)
-    gamma = torch.randn(h, generator=g).to(dt)
-    x0, res0 = x.clone(), res.clone()
+    exact = numerics()
+    if exact:
+        g = torch.Generator().manual_seed(num_tokens * 7 + h)
+        x = torch.randn(num_tokens, h, generator=g).to(dt)
+        res = torch.randn(num_tokens, h, generator=g).to(dt)
+        gamma = torch.randn(h, generator=g).to(dt)
+        x0, res0 = x.clone(), res.clone()
+    else:  # shapes only: the kernels compute nothing (flashinfer_sim.NUMERICS_ENV)
+        x, res = torch.empty(num_tokens, h, dtype=dt), torch.empty(num_tokens, h, dtype=dt)
+        gamma = torch.ones(h, dtype=dt)
     patterns = arf.flashinfer_comm.AllReduceFusionPattern
     code = getattr(patterns, pattern)
     quant_out = scale = None
@@ -281,6 +286,8 @@ def forward(plan, num_tokens, pattern="kARResidualRMSNorm", dtype="bfloat16", we
         weight_bias=weight_bias,
         **plan["op_kwargs"],
     )
+    if not exact:
+        return {"fused": True, "max_abs_err": None}  # not computed
     _, s_ref, n_ref = reference_kernel(x0, res0, gamma, 1e-6, weight_bias, state["tp"])
     err = max(
         (x.float() - n_ref.to(dt).float()).abs().max().item(),
