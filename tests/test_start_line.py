@@ -29,6 +29,7 @@ from tpfix.maint.port_facts import FILE
 from tpfix.maint.port_facts import load as load_facts
 from tpfix.patch_format import read_series
 from tpfix.support_matrix import WHEEL_FACTS
+from tpfix.triage import load_triage
 from tpfix.util import ROOT, Fail
 
 # downloads the sdist and both official wheels of each line, replays scenarios
@@ -58,6 +59,11 @@ def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProc
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "VERSION", copy / "VERSION")
     shutil.rmtree(copy / "patches" / tag)
+    # the README as it was before the line: its versions table without the row
+    readme = (ROOT / "README.md").read_text().splitlines(keepends=True)
+    row = f"| `--line {tag}` | {tag} |"
+    assert sum(x.startswith(row) for x in readme) == 1
+    (copy / "README.md").write_text("".join(x for x in readme if not x.startswith(row)))
     # as on the day of a release: the FlashInfer the new tag pins has no pin yet
     fi_version = tomllib.loads(get_line(tag).pins.read_text())["flashinfer"]
     fi = copy / "pins" / "flashinfer.toml"
@@ -109,6 +115,11 @@ def test_classification_equals_the_committed_one(made):
     carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
     assert (folder / "series").read_text().split() == carried
     assert (folder / "VERSION").read_text() == f"{tag[1:]}+tpfix.1\n"  # its first revision
+    # no advisory analysis yet, as tpfix.triage reads it; the README's versions
+    # table has the new line's row again (the fixture removed it), at tpfix.1
+    assert load_triage(Line.at(folder)) == (folder / "advisories.toml", {})
+    (row,) = [x for x in (copy / "README.md").read_text().splitlines() if f"| {tag} |" in x]
+    assert row.startswith(f"| `--line {tag}` | {tag} |") and f"-{tag[1:]}+tpfix.1-" in row
     assert problems(Line.at(folder)) == []  # CHANGELOG.md's entry, with the fingerprint
     left = [n for n, s in ours["patches"].items() if s == "conflicts"]
     for name, status in ours["patches"].items():

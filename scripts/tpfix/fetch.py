@@ -75,7 +75,9 @@ def _explain_pip_failure(art: Artifact, output: str) -> str:
 def _pip_download(art: Artifact, requirement: list[str], out: Path):
     """`pip download --no-deps` of `requirement` (pip's arguments) into `out`,
     with `art`'s arguments (_pip_args) and environment: the one pip call."""
-    env = dict(os.environ)
+    # pip prepares an sdist's metadata in its unpacked tree: no PYTHONPATH of
+    # ours (a relative `tests` entry there would be vLLM's own tests/)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if art.project == "vllm" and art.is_sdist:
         env.update(VLLM_TARGET_DEVICE="empty", VLLM_VERSION_OVERRIDE=art.version)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]

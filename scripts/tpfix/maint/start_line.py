@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Prepare the release line of a new upstream tag: pins, carried series, VERSION.
 
-    python -m tpfix.maint.start_line v0.34.0                 # from the newest line
+    python -m tpfix.maint.start_line v0.34.0                 # from the newest older line
     python -m tpfix.maint.start_line v0.34.0 --from v0.27.1  # from another line
     python -m tpfix.maint.start_line v0.34.0 --no-checks     # textual classification only
 
@@ -30,6 +30,12 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
                checks) and a [port] entry per carried patch, each `why` left
                for the maintainer to write (tpfix.maint.port_facts; the port
                tests fail until it is)
+  advisories.toml  no advisory analysis yet (tpfix.triage reads it)
+
+and regenerates the versions table in README.md (tpfix.support_matrix
+--readme), which lists every line.  Without --from it starts from the newest
+line of an older release (an absorbed verdict is red on the source's tag,
+green on TAG), or from the newest line, with a note, when none is older.
 
 Nothing is left when the line already exists or a step fails (the folder is
 removed again, also on SIGTERM); VERSION is written last, so a folder without
@@ -44,14 +50,17 @@ import argparse
 import json
 import re
 import shutil
+import sys
 import tarfile
 from pathlib import Path
+
+from packaging.version import Version
 
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names, newest_line
 from tpfix.maint import port_facts
 from tpfix.maint.rebase import format_table, rebase
-from tpfix.support_matrix import WHEEL_FACTS, image_python, wheel_facts
+from tpfix.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
 from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
 from tpfix.wheelfile import wheel_requirements
 
@@ -122,6 +131,35 @@ def _release_facts(sdist: Path, wheels: list[Path]) -> dict[str, str]:
     return {**facts, "image-python": python} if python else facts
 
 
+# A new line's advisories.toml: no analysis recorded yet (tpfix.triage).
+ADVISORIES = """\
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+# Our analysis of known advisories against what this line ships, for the VEX
+# that `python -m tpfix.advisories` writes (see its docstring).  An advisory
+# the audit finds and this file does not name is reported `in_triage`.
+# None is recorded yet.  An entry:
+#
+# [[advisory]]
+# id = "GHSA-xxxx-xxxx-xxxx"     # or its PYSEC / CVE alias
+# state = "not_affected"         # resolved | resolved_with_pedigree | exploitable |
+#                                #   false_positive | in_triage | not_affected
+# justification = "code_not_reachable"   # with not_affected
+# patch = "0002-....patch"        # with resolved: the patch of this series that fixes it
+# detail = "why, in a sentence"
+"""
+
+
+def default_source(tag: str) -> str:
+    """The line a new line for `tag` starts from: the newest line of an older
+    release (an absorbed verdict means red on the source's tag and green on
+    TAG, which needs the source older), else the newest line."""
+    if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
+        return newest_line()  # new_line refuses the tag
+    older = [t for t in line_names() if Version(t[1:]) < Version(tag[1:])]
+    return max(older, key=lambda t: Version(t[1:])) if older else newest_line()
+
+
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
     """Write patches/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
@@ -172,11 +210,14 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             f"First revision: the series of the {source.tag} line carried onto {tag} "
             f"({len(carried)} patches).\n"
         )
+        (dest / "advisories.toml").write_text(ADVISORIES)
         # VERSION last: it makes the folder a line
         (dest / "VERSION").write_text(f"{tag[1:]}+{LABEL}.1\n")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+    if README.exists():  # the versions table lists every line
+        update_readme()
     return dest, report
 
 
@@ -189,13 +230,19 @@ def main() -> None:
         "--from",
         dest="source",
         choices=line_names(),
-        default=newest_line(),
-        help="the line whose series moves (default: the newest)",
+        help="the line whose series moves (default: the newest line of an older release)",
     )
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
     args = ap.parse_args()
     sigterm_as_interrupt()
-    dest, report = new_line(args.tag, get_line(args.source), not args.no_checks)
+    source = args.source or default_source(args.tag)
+    if re.fullmatch(r"v\d+\.\d+\.\d+", args.tag) and Version(source[1:]) > Version(args.tag[1:]):
+        print(
+            f"note: {source} is newer than {args.tag}: a patch its series dropped as "
+            f"absorbed upstream is not tried on {args.tag}",
+            file=sys.stderr,
+        )
+    dest, report = new_line(args.tag, get_line(source), not args.no_checks)
     print(format_table(report))
     left = [r["name"] for r in report["patches"] if r["status"] == "conflicts"]
     print(
