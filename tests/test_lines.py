@@ -41,6 +41,7 @@ from tpfix.lines import (
     revision_problems,
     sdist_pin,
     tag_of,
+    wheel_arches,
     wheel_pin,
 )
 from tpfix.patch_format import read_series, split
@@ -430,3 +431,21 @@ def test_dist_state_is_one_folder_per_output_folder_outside_it(tmp_path: Path):
     assert dist_state(tmp_path / "link" / "dist") == state
     assert dist_state(b) != state and dist_state(b).name.startswith("dist-")
     assert not (ROOT / "build" / "dists" / state.name).exists()  # it only names the folder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wheel_arches_are_those_the_pins_list(name: str):
+    pinned = {a.arch for a in load_pins(get_line(name).pins) if a.role == "wheel"}
+    assert pinned and wheel_arches(name) == sorted(pinned)
+    assert set(wheel_arches()) >= pinned  # the --arch choices: every line's
+
+
+def test_wheel_arches_leave_out_a_line_without_pins(made_up: Path):
+    """A line folder without pins.toml is left out of the union (argparse's
+    --arch choices must not fail before get_line names the folder), and is
+    named when asked for by tag."""
+    (made_up / "v9.9.9").mkdir()
+    (made_up / "v9.9.9" / "VERSION").write_text("9.9.9+tpfix.1\n")
+    assert wheel_arches() == []
+    with pytest.raises(Fail, match="pin file missing"):
+        wheel_arches("v9.9.9")

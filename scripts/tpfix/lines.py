@@ -248,8 +248,15 @@ def wheel_pin(arch: str, tag: str) -> Artifact:
 def wheel_arches(tag: str | None = None) -> list[str]:
     """The arches of the official wheels pinned for `tag` or, without one,
     for any line (the choices of an --arch argument)."""
-    tags = [tag] if tag else line_names()
-    return sorted({a.arch for t in tags for a in load_pins(tag_pins(t)) if a.role == "wheel"})
+    arches: set[str] = set()
+    for t in [tag] if tag else line_names():
+        try:
+            arches |= {a.arch for a in load_pins(tag_pins(t)) if a.role == "wheel"}
+        except Fail:
+            if tag:
+                raise
+            # a broken line folder: get_line names what is wrong where it is used
+    return sorted(arches)
 
 
 def read_version(path: Path) -> str:
