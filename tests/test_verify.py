@@ -194,8 +194,6 @@ def test_a_requirement_the_series_repins_may_change(made, tmp_path: Path):
     """A Requires-Dist may differ for a project named in a requirements file
     the series touches, as the patched tree has it; for no other."""
     reqs = sorted(f for f in touched_files(LINE) if f.startswith("requirements/"))
-    if not reqs:
-        pytest.skip(f"the series of {LINE.tag} touches no requirements/ file")
     official_meta = _metadata(UPSTREAM, requires=[f"{DEP}==1.0", "regex"])
     official = _wheel(tmp_path / "o" / "official.whl", UPSTREAM, OFFICIAL_FILES, official_meta)
     _, tree, make = made
@@ -205,9 +203,14 @@ def test_a_requirement_the_series_repins_may_change(made, tmp_path: Path):
         f"METADATA: Requires-Dist '{DEP}==2.0' changed, no patch pins it",
     ]
     assert _verify(built, official, tree) == expected  # the tree does not name it yet
-    (tree / reqs[0]).parent.mkdir(parents=True)
-    (tree / reqs[0]).write_text(f"# pinned by the series\n{DEP}==2.0\n")
-    assert _verify(built, official, tree) == []
+    # the same file outside what the series touches allows nothing
+    (tree / "requirements").mkdir()
+    (tree / "requirements" / "untouched-by-the-series.txt").write_text(f"{DEP}==2.0\n")
+    assert _verify(built, official, tree) == expected
+    if reqs:  # a line whose series re-pins (none: every change stays refused, above)
+        (tree / reqs[0]).parent.mkdir(parents=True, exist_ok=True)
+        (tree / reqs[0]).write_text(f"# pinned by the series\n{DEP}==2.0\n")
+        assert _verify(built, official, tree) == []
 
 
 def test_changed_pins_are_the_projects_of_touched_requirements_files(tmp_path: Path):
