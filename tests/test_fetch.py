@@ -25,18 +25,16 @@ test_bad_input.py), "is not available" with PIP_NO_INDEX
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
-import http.server
 import io
 import os
 import subprocess
 import tarfile
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from served import Served
 from wheels import make_wheel
 
 from tpfix import fetch
@@ -74,26 +72,15 @@ def _sdist(folder: Path) -> Path:
     return out
 
 
-class _Index:
-    """A PEP 503 index on 127.0.0.1: /simple/<project>/ links each file of
-    files/; `asked` records every path requested."""
+class _Index(Served):
+    """A PEP 503 index on 127.0.0.1 (tests/served.py): /simple/<project>/
+    links each file of files/; `paths` records every request."""
 
     def __init__(self, root: Path):
         self.files = root / "files"
         self.files.mkdir(parents=True)
         self.root = root
-        self.asked: list[str] = []
-        asked = self.asked
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def log_message(self, *args):
-                asked.append(self.path)
-
-        handler = functools.partial(Handler, directory=str(root))
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
-        threading.Thread(target=serve, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
+        super().__init__(root)
 
     def publish(self, *names: str) -> None:
         """The project page lists `names` (served from files/, present or not)."""
@@ -103,24 +90,23 @@ class _Index:
         page.write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
 
     def downloads(self) -> list[str]:
-        return [p for p in self.asked if p.startswith("/files/")]
+        return [p for p, _ in self.paths if p.startswith("/files/")]
 
 
 @pytest.fixture
 def index(tmp_path: Path, monkeypatch):
     """The served index, pip pointed at it (and nothing else), the cache in tmp_path."""
-    idx = _Index(tmp_path / "served")
     for var in list(os.environ):
         if var.startswith("PIP_") or var.lower() in ("http_proxy", "https_proxy", "all_proxy"):
             monkeypatch.delenv(var)
-    monkeypatch.setenv("PIP_INDEX_URL", idx.url)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    monkeypatch.setenv("PIP_RETRIES", "0")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("VLLM_DIST_CACHE", str(tmp_path / "cache"))
-    yield idx
-    idx.server.shutdown()
+    with _Index(tmp_path / "served") as idx:
+        monkeypatch.setenv("PIP_INDEX_URL", f"{idx.url}/simple/")
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+        monkeypatch.setenv("PIP_RETRIES", "0")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        monkeypatch.setenv("VLLM_DIST_CACHE", str(tmp_path / "cache"))
+        yield idx
 
 
 @pytest.fixture

@@ -12,10 +12,8 @@ cache), so our index is all it can see; and the same for the wheel
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import html.parser
-import http.server
 import json
 import os
 import re
@@ -23,11 +21,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
+from served import Served
 from wheels import VERSION, make_wheel
 
 from tpfix.index import write_index
@@ -159,43 +157,13 @@ def test_cli_indexes_the_wheels_of_dist(tmp_path):
     check_index(dist, wheel)
 
 
-class _Server:
-    """http.server publishing `folder` on 127.0.0.1 (a free port), in a
-    thread; `paths` are the requests it answered, in order."""
-
-    def __init__(self, folder: Path):
-        self.paths: list[tuple[str, int]] = []
-        server = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def log_request(self, code="-", size="-"):
-                server.paths.append((self.path, int(code)))
-
-            def log_message(self, *args):
-                pass
-
-        handler = functools.partial(Handler, directory=str(folder))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
-
-
 def pip_dry_run(dist: Path, requirement: str, tmp: Path) -> tuple[dict, list, str, str]:
     """`pip install --dry-run` of `requirement` from `dist`'s index only: the
     report, the requests the server answered, and pip's output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PIP_CONFIG_FILE=os.devnull, PYTHONNOUSERSITE="1")
     report = tmp / "report.json"
-    with _Server(dist) as server:
+    with Served(dist) as server:
         proc = subprocess.run(
             [
                 sys.executable,
@@ -349,7 +317,7 @@ def test_documented_install_commands_never_pick_upstream(tmp_path):
     uv = Path(sys.executable).parent / "uv"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     clean.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
-    with _Server(dist) as index, _Server(deps) as dep_index:
+    with Served(dist) as index, Served(deps) as dep_index:
         for n, command in enumerate(commands):
             env_dir = tmp_path / f"venv{n}"
             venv.create(env_dir, with_pip=command.startswith("pip "))
