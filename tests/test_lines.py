@@ -35,6 +35,7 @@ from tpfix.lines import (
     line_names,
     load_pins,
     newest_line,
+    newest_line_before,
     read_pin_file,
     read_version,
     revision_number,
@@ -198,6 +199,12 @@ def test_lines_sort_by_version_not_by_name(made_up: Path, monkeypatch):
     assert get_line().tag == "v0.10.0" and get_line().is_default
     assert not get_line("v0.2.0").is_default
     assert get_line("v0.10.0rc1").version == "0.10.0rc1+tpfix.1"
+    # what a new line starts from: the newest line of an older release
+    assert newest_line_before("v0.11.0") == "v0.10.0"
+    assert newest_line_before("v0.10.0") == "v0.10.0rc1"
+    assert newest_line_before("v0.9.1") == "v0.9.0"  # by version: as text v0.10.0 is older
+    assert newest_line_before("v0.2.0") is None
+    assert newest_line_before("vnext") is None
 
 
 def test_get_line_refuses_what_is_not_a_line(made_up: Path, monkeypatch):

@@ -174,7 +174,9 @@ class Release:
         return self.wheel.parent
 
 
-def _tag_version(name: str) -> Version | None:
+def tag_version(name: str) -> Version | None:
+    """The upstream version a tag names (v0.33.0: 0.33.0); None for a name
+    that is not a release tag."""
     try:
         return Version(name[1:]) if name.startswith("v") else None
     except InvalidVersion:
@@ -185,14 +187,22 @@ def line_names() -> list[str]:
     """Every release line, the default first, then the others by version
     (folders of patches/ that are not named like a tag or hold no VERSION are
     not lines)."""
-    found = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and _tag_version(d.name)]
-    return [TAG, *sorted((n for n in found if n != TAG), key=_tag_version)]
+    found = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and tag_version(d.name)]
+    return [TAG, *sorted((n for n in found if n != TAG), key=tag_version)]
 
 
 def newest_line() -> str:
     """The line of the newest upstream release (what goes upstream, and what a
     new line starts from), whichever line is the default."""
-    return max(line_names(), key=_tag_version)
+    return max(line_names(), key=tag_version)
+
+
+def newest_line_before(tag: str) -> str | None:
+    """The line of the newest upstream release older than `tag` (what a new
+    line for `tag` starts from: maint.start_line); None when there is none."""
+    want = tag_version(tag)
+    older = [n for n in line_names() if want and tag_version(n) < want]
+    return max(older, key=tag_version, default=None)
 
 
 def get_line(name: str | None = None) -> Line:
@@ -204,7 +214,7 @@ def get_line(name: str | None = None) -> Line:
     """
     if name is None:
         name = TAG
-        if not _tag_version(name) or not (LINES / name / "VERSION").exists():
+        if not tag_version(name) or not (LINES / name / "VERSION").exists():
             raise Fail(
                 f"{shown(DEFAULT_FILE)}: {name!r} names no release line; write the tag "
                 f"of one folder of patches/ there (e.g. v0.27.1)"

@@ -54,10 +54,18 @@ import sys
 import tarfile
 from pathlib import Path
 
-from packaging.version import Version
-
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
-from tpfix.lines import LABEL, LINES, Line, fingerprint, get_line, line_names, newest_line
+from tpfix.lines import (
+    LABEL,
+    LINES,
+    Line,
+    fingerprint,
+    get_line,
+    line_names,
+    newest_line,
+    newest_line_before,
+    tag_version,
+)
 from tpfix.maint import port_facts
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
@@ -150,16 +158,6 @@ ADVISORIES = """\
 """
 
 
-def default_source(tag: str) -> str:
-    """The line a new line for `tag` starts from: the newest line of an older
-    release (an absorbed verdict means red on the source's tag and green on
-    TAG, which needs the source older), else the newest line."""
-    if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
-        return newest_line()  # new_line refuses the tag
-    older = [t for t in line_names() if Version(t[1:]) < Version(tag[1:])]
-    return max(older, key=lambda t: Version(t[1:])) if older else newest_line()
-
-
 def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
     """Write patches/TAG/ from `source`'s series (see the module docstring)."""
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
@@ -235,8 +233,8 @@ def main() -> None:
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
     args = ap.parse_args()
     sigterm_as_interrupt()
-    source = args.source or default_source(args.tag)
-    if re.fullmatch(r"v\d+\.\d+\.\d+", args.tag) and Version(source[1:]) > Version(args.tag[1:]):
+    source = args.source or newest_line_before(args.tag) or newest_line()
+    if tag_version(args.tag) and tag_version(source) > tag_version(args.tag):
         print(
             f"note: {source} is newer than {args.tag}: a patch its series dropped as "
             f"absorbed upstream is not tried on {args.tag}",
