@@ -26,6 +26,7 @@ Exit code: 0 unaffected, 1 stock vLLM fails and the patched wheel fixes it,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -42,7 +43,7 @@ from tpfix.deployment_file import serve_line, split_env
 from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
-from tpfix.replay.harness import flashinfer_site, pinned_flashinfer, run_scenario
+from tpfix.replay.harness import Interpreter, flashinfer_site, pinned_flashinfer, run_scenario
 from tpfix.support_matrix import pin_facts
 from tpfix.util import Fail
 
@@ -256,6 +257,11 @@ def _vllm_message(message: str) -> str:
 
 def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     """Run the doctor; (exit code, report).  Fail for bad input."""
+    with contextlib.ExitStack() as stack:  # the replay interpreters, killed on leaving
+        return _diagnose(argv, progress, stack)
+
+
+def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[int, dict]:
     t0 = time.monotonic()
     args = _args(argv)
     line = get_line(args.line)
@@ -284,10 +290,18 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     step(f"trees of {line.tag} (pristine, patched)")
     trees = _trees(line)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # Both replay interpreters import vLLM at once; the stock one parses the
+    # serve line in a fork (the parse sets the deployment's VLLM_* variables
+    # and fakes the GPU's name: its replay starts from the imports only).
+    ahead = [("doctor_scenario:prepare", {"backend": backend})]
+    replays = {
+        k: stack.enter_context(Interpreter(trees[t], ahead))
+        for k, t in (("stock", "stock_replay"), ("patched", "patched"))
+    }
     step("parsing the serve line with vLLM's own parser and engine args (pristine tree)")
-    facts = run_scenario(
-        trees["stock_replay"],
+    facts = replays["stock"].run(
         "doctor_scenario:parse",
+        fork=True,
         argv=words,
         capability=capability,
         backend=backend,
@@ -332,8 +346,8 @@ def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
         step("cold and warm start, stock and patched (in parallel)")
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = {
-                k: pool.submit(run_scenario, trees[t], "doctor_scenario:deployment", **kw)
-                for k, t in (("stock", "stock_replay"), ("patched", "patched"))
+                k: pool.submit(replay.run, "doctor_scenario:deployment", **kw)
+                for k, replay in replays.items()
             }
             extras = {
                 k: pool.submit(_bug_b, trees[t], facts, capability)

@@ -210,26 +210,32 @@ def _peer_attempts_creation() -> None:
 # --------------------------------------------------------------------------
 # setup(): the simulated process (bug_a, the benchmarks)
 # --------------------------------------------------------------------------
-def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
-    """Install the simulated device layer (see module docstring)."""
+def import_host_modules(backend: str = "trtllm") -> None:
+    """setup()'s first step, while the platform is still the CPU host's: the
+    backend's variable, the ``torch.ops._C`` stand-ins (before any vLLM
+    import), and the vLLM modules whose import-time kernel probes would need
+    vllm._C.  Idempotent: an interpreter may run it ahead of its scenario
+    (the preflight's do, while the serve line is parsed)."""
     os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = backend
     from tpfix.replay import vllm_cpu_stubs
+
+    vllm_cpu_stubs.register()
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion  # noqa: F401
+    import vllm.distributed.device_communicators.cuda_communicator  # noqa: F401
+    import vllm.v1.spec_decode.draft_model  # noqa: F401
+    import vllm.v1.worker.gpu_worker  # noqa: F401
+
+
+def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:
+    """Install the simulated device layer (see module docstring)."""
+    import_host_modules(backend)
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
 
     # (flashinfer_sim records into this module's `state`: imported here, not
     # at the top, where the two modules would import each other)
     from tpfix.replay.flashinfer_sim import FakeMnnvlModule, FakeTrtllmModule, make_workspace
 
-    vllm_cpu_stubs.register()  # torch.ops._C stand-ins, before any vLLM import
-
-    # Import the vLLM modules used here while the platform is still the CPU
-    # host's (their import-time kernel probes would need vllm._C); the device
-    # is simulated from here on.
-    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
-    import vllm.distributed.device_communicators.cuda_communicator  # noqa: F401
-    import vllm.v1.spec_decode.draft_model  # noqa: F401
-    import vllm.v1.worker.gpu_worker  # noqa: F401
-
-    simulate_cuda_platform(capability)
+    simulate_cuda_platform(capability)  # the device is simulated from here on
 
     import flashinfer.comm as flashinfer_comm
     import flashinfer.comm.trtllm_ar as trtllm_ar

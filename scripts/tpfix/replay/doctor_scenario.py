@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Scenarios of the preflight command (tpfix.doctor), run by
-``harness.run_scenario`` in a fresh interpreter against a vLLM tree.
+"""Scenarios of the preflight command (tpfix.doctor), run by a
+``harness.Interpreter`` on a vLLM tree: ``prepare`` ahead (the imports),
+then ``parse`` in a fork of the stock tree's, then ``deployment`` in each.
 
 ``parse(argv, gpu)``: a ``vllm serve`` command line through the tree's REAL
 serve parser (``make_arg_parser`` on a ``FlexibleArgumentParser``,
@@ -19,7 +20,8 @@ workspace holds (buffer and Lamport bytes per rank, read from FlashInfer's
 real workspace objects that bug_a builds) and the one-shot/two-shot boundary
 as the tree's fusion code and FlashInfer decide it.
 
-Uses from bug_a only: setup, cold_start, warm_start_capture_order, new_process.
+Uses from bug_a only: setup, cold_start, warm_start_capture_order, new_process;
+from device: import_host_modules.
 """
 
 from __future__ import annotations
@@ -298,6 +300,16 @@ def start(
         if h is not None
     }
     return result
+
+
+def prepare(backend: str) -> None:
+    """What ``deployment`` imports before its facts matter (the device
+    layer's host-side imports and the replay's modules): the preflight runs
+    it in the deployment's interpreter while vLLM parses the serve line."""
+    import tpfix.replay.bug_a  # noqa: F401
+    from tpfix.replay.device import import_host_modules
+
+    import_host_modules(backend)
 
 
 def deployment(**facts: Any) -> dict[str, Any]:

@@ -10,6 +10,8 @@ tpfix/replay/<module>.py's function (a dotted module, e.g.
 `vllm` come from `tree` and whose FlashInfer is the release that tree pins in
 requirements/cuda.txt, and returns what the function returned (a JSON dict);
 an uncaught exception comes back as {"error": type name, "message": str}.
+`Interpreter(tree)` is such an interpreter kept for several jobs, sent one
+at a time, each optionally in a fork (the preflight's replays).
 
 A patch names the scenarios that show its fix in its header (patch_format):
 
@@ -29,12 +31,15 @@ import contextlib
 import importlib
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,24 +116,52 @@ def _release(tree: Path) -> str:
     return tree.name
 
 
-# The interpreter of run_scenarios.  It does not import rfc3987_syntax: an
-# optional IRI format checker of jsonschema (which mistral_common's import
-# pulls in) whose grammar, compiled at import, was a fifth of every scenario
-# interpreter's start-up; no scenario validates an IRI.
+# The interpreter of run_scenarios and Interpreter: it runs the `ahead` jobs
+# (argv[2]), then each job read from stdin (one JSON line), and writes each
+# result as one JSON line to the pipe whose descriptor is argv[1].  A job sent
+# with fork=True runs in a fork of the interpreter, so what it sets up dies
+# with the fork (refused where Python threads run: a fork copies their locks).
+# It does not import rfc3987_syntax: an optional IRI format checker of
+# jsonschema (which mistral_common's import pulls in) whose grammar, compiled
+# at import, was a fifth of every scenario interpreter's start-up; no
+# scenario validates an IRI.
 _RUNNER = """
-import importlib, json, sys, traceback
+import importlib, json, os, sys, threading, traceback
 sys.modules.setdefault("rfc3987_syntax", None)  # jsonschema skips its IRI check
-jobs, out = json.loads(sys.argv[1]), sys.argv[2]
-results = []
-for mod, fn, kwargs in jobs:
+def call(mod, fn, kwargs):
     mod = mod if "." in mod else "tpfix.replay." + mod
+    return getattr(importlib.import_module(mod), fn)(**kwargs)
+def run(mod, fn, kwargs):
     try:
-        results.append(getattr(importlib.import_module(mod), fn)(**kwargs))
+        return call(mod, fn, kwargs)
     except BaseException as e:
         traceback.print_exc()
-        results.append({"error": type(e).__name__, "message": str(e)})
-with open(out, "w") as f:
-    json.dump(results, f)
+        return {"error": type(e).__name__, "message": str(e)}
+def forked(mod, fn, kwargs):
+    if threading.active_count() > 1:
+        return {"error": "RuntimeError", "message": "no fork: Python threads run"}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        with os.fdopen(w, "w") as f:
+            json.dump(run(mod, fn, kwargs), f)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    return json.loads(text) if text else {"error": "Crashed", "message": f"fork: {status}"}
+out = os.fdopen(int(sys.argv[1]), "w")
+for job in json.loads(sys.argv[2]):  # while the caller works out its jobs
+    try:
+        call(*job)
+    except BaseException:
+        pass  # the job that needs it reports the failure
+for line in sys.stdin:
+    mod, fn, kwargs, fork = json.loads(line)
+    out.write(json.dumps((forked if fork else run)(mod, fn, kwargs)) + "\\n")
+    out.flush()
 """
 
 
@@ -144,34 +177,93 @@ def run_scenarios(tree: Path, jobs: list[tuple[str, dict]], timeout: float = 900
     run_scenario returns them.  Only for scenarios that may follow one
     another in a process (those of one module that reset what they set up,
     such as bug_b's cases); an exception is reported and the next job runs."""
-    payload = [[*spec.split(":"), kwargs] for spec, kwargs in jobs]
-    env = scenario_env(tree)
-    # One torch thread: the tests run several scenario interpreters at once
-    # (more than the cores), where idle OpenMP threads spinning cost more than
-    # they give (a scenario's results do not depend on the thread count: its
-    # reference and its simulated kernel are computed alike in one process).
-    env.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        proc = subprocess.run(
-            [sys.executable, "-c", _RUNNER, json.dumps(payload), str(out)],
+    with Interpreter(tree, timeout=timeout) as interpreter:
+        return [interpreter.run(spec, **kwargs) for spec, kwargs in jobs]
+
+
+class Interpreter:
+    """A fresh interpreter on ``tree``, started now, that runs scenarios one
+    after another as they are sent (``run``).  It first runs the ``ahead``
+    scenarios (imports, say; results and errors dropped) while the caller
+    works out its jobs.  ``timeout``: seconds for all its jobs together.
+    Killed on ``close`` (leaving the ``with``) if it still runs."""
+
+    def __init__(self, tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.0):
+        self.tree, self.timeout, self.deadline = tree, timeout, time.monotonic() + timeout
+        env = scenario_env(tree)
+        # One torch thread: the tests run several scenario interpreters at
+        # once (more than the cores), where idle OpenMP threads spinning cost
+        # more than they give (a scenario's results do not depend on the
+        # thread count: its reference and its simulated kernel are computed
+        # alike in one process).
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._tmp = tempfile.TemporaryDirectory()
+        self._stderr = open(Path(self._tmp.name) / "stderr", "w+")  # noqa: SIM115
+        read, write = os.pipe()
+        ahead_payload = json.dumps([[*spec.split(":"), kw] for spec, kw in ahead])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _RUNNER, str(write), ahead_payload],
             env=env,
-            cwd=tmp,
+            cwd=self._tmp.name,
             text=True,
-            capture_output=True,
-            timeout=timeout,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            pass_fds=(write,),
         )
-        specs = ", ".join(spec for spec, _ in jobs)
-        if not out.exists():
+        os.close(write)
+        self._results: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(read,), daemon=True).start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd) as results:
+            for line in results:
+                self._results.put(line)
+        self._results.put("")  # the interpreter has gone
+
+    def run(self, spec: str, fork: bool = False, **kwargs) -> dict:
+        """What ``spec`` returned, or {"error", "message", "stderr"}.  With
+        ``fork``, it runs in a fork of the interpreter: what it changes (the
+        environment, patched vLLM functions) is gone for the next job."""
+        mod, fn = spec.split(":")
+        try:
+            self.proc.stdin.write(json.dumps([mod, fn, kwargs, fork]) + "\n")
+            self.proc.stdin.flush()
+            line = self._results.get(timeout=max(0.0, self.deadline - time.monotonic()))
+        except BrokenPipeError:  # it has gone already
+            line = ""
+        except queue.Empty:
+            self.close()
+            raise subprocess.TimeoutExpired(self.proc.args, self.timeout) from None
+        if not line:
+            rc = self.proc.wait()
             raise AssertionError(
-                f"scenario {specs} crashed in {tree} (rc={proc.returncode}):\n"
-                + proc.stderr[-4000:]
+                f"scenario {spec} crashed in {self.tree} (rc={rc}):\n{self.stderr()}"
             )
-        results = json.loads(out.read_text())
-    for result in results:
+        result = json.loads(line)
         if isinstance(result, dict) and "error" in result:
-            result.setdefault("stderr", proc.stderr[-4000:])
-    return results
+            result.setdefault("stderr", self.stderr())
+        return result
+
+    def stderr(self) -> str:
+        """The last 4,000 characters the interpreter wrote to stderr."""
+        self._stderr.flush()
+        return Path(self._stderr.name).read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+        self._stderr.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Interpreter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # -- the scenario checks a patch header names ------------------------------------
