@@ -9,7 +9,7 @@ serve parser (``make_arg_parser`` on a ``FlexibleArgumentParser``,
 ``validate_parsed_serve_args``), ``AsyncEngineArgs.from_cli_args`` and
 ``create_engine_config(UsageContext.OPENAI_API_SERVER)``; model and draft
 configurations are read from a local path or the local Hugging Face cache
-only (``HF_HUB_OFFLINE=1``).  SIMULATED: the device (bug_a.setup: CUDA
+only (``HF_HUB_OFFLINE=1``).  SIMULATED: the device (device.setup: CUDA
 platform, capability, 8 GPUs a node; plus the GPU's name and memory, which
 pick vLLM's default ``max_num_batched_tokens``) and Ray's presence (vLLM's
 check that it can import Ray passes: Ray runs on the deployment's hosts).
@@ -20,8 +20,8 @@ workspace holds (buffer and Lamport bytes per rank, read from FlashInfer's
 real workspace objects that bug_a builds) and the one-shot/two-shot boundary
 as the tree's fusion code and FlashInfer decide it.
 
-Uses from bug_a only: setup, cold_start, warm_start_capture_order, new_process;
-from device: import_host_modules.
+Uses from bug_a only: cold_start, warm_start_capture_order; from device:
+setup, new_process, import_host_modules.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ def parse(
             os.environ[k] = v
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    from tpfix.replay import bug_a
+    from tpfix.replay.device import setup
 
-    bug_a.setup(2, capability, backend)
+    setup(2, capability, backend)
     from vllm.platforms import current_platform
 
     name, mem = GPUS[capability]
@@ -315,17 +315,17 @@ def prepare(backend: str) -> None:
 def deployment(**facts: Any) -> dict[str, Any]:
     """The deployment's cold start, then (a new process, the AOT cache now
     warm) its warm start in vLLM's start order: ``start("cold")`` and
-    ``start("warm")`` in one interpreter, with bug_a.new_process between.
+    ``start("warm")`` in one interpreter, with device.new_process between.
     The simulated kernels record each launch but compute nothing: the doctor
     reads shapes, sizes and errors, never the values (the tests compare
     those with CPU references)."""
     import gc
 
-    from tpfix.replay import bug_a
+    from tpfix.replay.device import new_process
     from tpfix.replay.flashinfer_sim import NUMERICS_ENV
 
     os.environ[NUMERICS_ENV] = "0"  # this interpreter runs the doctor's replay only
     cold = start("cold", **facts)
-    bug_a.new_process()
+    new_process()
     gc.collect()  # the cold run's passes are gone, as in a new process
     return {"cold": cold, "warm": start("warm", **facts)}
