@@ -309,7 +309,7 @@ STANDALONE_NARROW = dict(
 
 @pytest.mark.slow
 def test_standalone_narrower_input_fits():
-    """Runs tpfix/replay/bug_a.py:standalone (FlashInferAllReduce's real
+    """Runs tpfix/replay/bug_a_budget.py:standalone (FlashInferAllReduce's real
     should_use_fi_ar / all_reduce and FlashInfer's real MNNVL checks, at
     granularity 1) on every tree of the series.  On pristine v0.27.1 (+0001)
     the standalone all-reduce sizes the workspace itself for its 51-token

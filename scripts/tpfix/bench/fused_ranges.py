@@ -6,7 +6,7 @@ pristine tag of a release line and with its series, side by side in one run.
 
 For each (target, draft, method) of real model widths, TP 2/4/8 and SM90 /
 SM100 (trtllm, the default budgets, max_num_batched_tokens 8192) it runs
-tpfix/replay/bug_a.py:fused_ranges (a cold start: the REAL vLLM config,
+tpfix/replay/bug_a_budget.py:fused_ranges (a cold start: the REAL vLLM config,
 compile ranges, AllReduceFusionPass of each model and the fused op, on the
 device layer tpfix/replay/device.py simulates) in one interpreter per tree,
 and prints a markdown table: the largest token count each model fuses
