@@ -109,7 +109,7 @@ def test_doctor_from_compose_with_compilation_off(capsys):
     code = doctor.main(["--json", "--from", str(FILES / "compose.yaml"), "--container", "embed"])
     report = json.loads(capsys.readouterr()[0])
     assert code == doctor.EXIT_OK, report
-    assert "nothing is compiled" in report["facts"]["no_fusion"], report["facts"]
+    assert "vLLM compiles nothing" in report["facts"]["no_fusion"], report["facts"]
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from replays import bug_c_patch
 
-from tpfix import doctor
+from tpfix import doctor, doctor_text
 from tpfix.lines import get_line
 from tpfix.replay import bug_a
 from tpfix.replay.harness import run_scenario
@@ -112,13 +112,13 @@ def test_each_cause_is_said_once():
     """The starts that end in the same error share its line (each start named
     with where it failed); another error gets a line of its own."""
     msg = "ValueError: Workspace validation failed: - token_num (8192) * hidden_dim (2560)"
-    shown = doctor._start_errors({"cold": msg, "warm": f"{msg} (at profile:draft:8192)"})
+    shown = doctor_text.start_errors({"cold": msg, "warm": f"{msg} (at profile:draft:8192)"})
     assert shown == [f"cold start, warm start (at profile:draft:8192): {msg}"]
-    assert doctor._start_errors({"cold": "A: b", "warm": "C: d"}) == [
+    assert doctor_text.start_errors({"cold": "A: b", "warm": "C: d"}) == [
         "cold start: A: b",
         "warm start: C: d",
     ]
-    assert doctor._start_errors(None) == []
+    assert doctor_text.start_errors(None) == []
 
 
 # -- slow: seeds ----------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_seed_000_text_and_python_3_11(capsys):
     code = doctor.main(["--python", "3.11", *SEED_000_LINE])
     text, _ = capsys.readouterr()
     assert code == doctor.EXIT_FIXED
-    assert max(map(len, text.splitlines())) <= doctor.WIDTH, text
+    assert max(map(len, text.splitlines())) <= doctor_text.WIDTH, text
     assert "simulated GPU" in text and "BadInput" not in text and " at 0x" not in text
     out = " ".join(text.split())  # the message as one line, wherever it wrapped
     assert "FlashInfer import (stock): " + doctor.BUG_C_MESSAGE in out
@@ -372,7 +372,7 @@ def test_pipeline_stages_on_ray_each_form_a_tp_group(capsys):
     assert code == doctor.EXIT_FIXED, report
     draft = report["verdict"]["stock"]["models"]["draft"]["result"]
     assert bug_a.SEED_MESSAGE in draft["cold"] and bug_a.SEED_MESSAGE in draft["warm"]
-    text = " ".join(doctor._text(report).split())
+    text = " ".join(doctor_text.text(report).split())
     assert "layout: 2 pipeline stage(s) x 1 data-parallel replica(s), executor ray" in text
 
 
@@ -398,9 +398,9 @@ def test_seed_000_on_v0_33_0(capsys):
     "opts, reason",
     [
         # vLLM turns compilation off; pass_config.fuse_allreduce_rms stays True
-        (["--enforce-eager"], "compilation mode NONE, nothing is compiled"),
-        (["-O0"], "compilation mode NONE, nothing is compiled"),
-        (["-cc.pass_config.fuse_allreduce_rms=false"], "fuse_allreduce_rms is off"),
+        (["--enforce-eager"], "--enforce-eager: vLLM compiles nothing"),
+        (["-O0"], "-O0: vLLM compiles nothing"),
+        (["-cc.pass_config.fuse_allreduce_rms=false"], "fuse_allreduce_rms is off on the serve"),
     ],
     ids=["enforce-eager", "O0", "fusion-off"],
 )
@@ -412,10 +412,42 @@ def test_no_fused_all_reduce_is_unaffected_without_a_replay(opts, reason, capsys
     assert code == doctor.EXIT_OK, report
     assert reason in report["facts"]["no_fusion"], report["facts"]
     assert report["verdict"] == {}
-    assert report["advice"].startswith("unaffected: no fused all-reduce: ")
+    assert report["advice"] == "unaffected: no fused all-reduce, so bugs A and B cannot occur."
     assert "replay" not in report["advice"]
-    out = doctor._text(report)  # what the text output prints of the same report
+    out = doctor_text.text(report)  # what the text output prints of the same report
     assert "simulated" not in out and reason in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value, fused", [("1", False), ("true", True)])
+def test_torch_compile_disable_as_vllm_reads_it(value, fused, capsys):
+    """TORCH_COMPILE_DISABLE turns compilation off only as "1" (vLLM's test
+    and torch's): "true" compiles, so seed 000 still crashes stock vLLM."""
+    line = ["--", f"TORCH_COMPILE_DISABLE={value}", *SEED_000_LINE[1:]]
+    code, report, _ = run_doctor(line, capsys)
+    if fused:
+        assert code == doctor.EXIT_FIXED, report
+        assert report["facts"]["no_fusion"] is None
+    else:
+        assert code == doctor.EXIT_OK, report
+        assert report["facts"]["no_fusion"].startswith("TORCH_COMPILE_DISABLE=1: vLLM compiles")
+        assert report["verdict"] == {}
+
+
+@pytest.mark.slow
+def test_the_fusion_budget_on_the_serve_line_is_replayed(capsys):
+    """pass_config.fi_allreduce_fusion_max_size_mb=1 (1 MiB): vLLM's own
+    compile ranges bound the target (2048 wide, bf16) at 256 tokens and the
+    drafter (2560) at 204; stock's workspace is 256 x 2048, which the
+    drafter's 204 tokens fit: seed 000 with this budget starts."""
+    budget = ["-cc.pass_config.fi_allreduce_fusion_max_size_mb=1"]
+    code, report, _ = run_doctor([*SEED_000_LINE, *budget], capsys)
+    assert report["facts"]["fusion_max_size_mb"] == 1
+    assert code == doctor.EXIT_OK, report
+    stock = report["verdict"]["stock"]
+    assert stock["models"]["target"]["fused_up_to"] == 256
+    assert stock["models"]["draft"]["fused_up_to"] == 204
+    assert (stock["workspace"]["max_token_num"], stock["workspace"]["hidden_dim"]) == (256, 2048)
 
 
 @pytest.mark.slow
@@ -429,18 +461,36 @@ def test_lost_fusion_is_a_finding(capsys):
     assert report["lost_fusion"] == [
         {"model": "target", "stock": "1-409", "patched": "1-409, 410-512"}
     ]
-    out = doctor._text(report)  # what the text output prints of the same report
+    out = doctor_text.text(report)  # what the text output prints of the same report
     assert "  lost fusion: stock fuses tokens 1-409 of the target, the patched wheel" in out
 
 
 @pytest.mark.slow
-def test_quantization_is_said_not_replayed(capsys):
-    """An FP8 deployment: what is not modelled (the quantized fused patterns)
-    is said in one line instead of being ignored."""
-    code, report, _ = run_doctor([*SEED_000_LINE, "--quantization", "fp8"], capsys)
+def test_what_is_not_modelled_is_said_not_replayed(capsys):
+    """An FP8 deployment with the standalone FlashInfer all-reduce on: what is
+    not modelled (the quantized fused patterns, the standalone all-reduce) is
+    said in one line each instead of being ignored."""
+    line = ["--", "VLLM_ALLREDUCE_USE_FLASHINFER=1", *SEED_000_LINE[1:], "--quantization", "fp8"]
+    code, report, _ = run_doctor(line, capsys)
     assert report["facts"]["quantization"] == "fp8", report["facts"]
-    assert "not replayed" in report["quantized"], report
+    assert report["facts"]["standalone_allreduce"] is True, report["facts"]
+    assert report["quantized"].startswith("quantization fp8: not replayed: "), report
+    assert report["standalone"].startswith("VLLM_ALLREDUCE_USE_FLASHINFER=1: not replayed: ")
     assert code in (doctor.EXIT_FIXED, doctor.EXIT_OK)
+    out = doctor_text.text(report).splitlines()
+    assert sum("not replayed" in ln for ln in out) == 2, out
+
+
+def test_vllm_errors_are_said_without_pydantic_framing():
+    message = (
+        "1 validation error for VllmConfig\n  Value error, torch.float32 is not supported for "
+        "quantization method fp8. [type=value_error, input_value=ArgsKwargs((), {}), "
+        "input_type=ArgsKwargs]\n    For further information visit "
+        "https://errors.pydantic.dev/2.12/v/value_error"
+    )
+    assert doctor._vllm_message(message) == (
+        "float32 is not supported for quantization method fp8."
+    )
 
 
 def _readme_doctor_example() -> tuple[str, str]:

@@ -32,7 +32,6 @@ import os
 import re
 import shlex
 import sys
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +39,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from tpfix.deployment_file import serve_line, split_env
+from tpfix.doctor_text import size, text, wrap
 from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
@@ -58,11 +58,6 @@ SIMULATED = (
     "vLLM configuration, worker, fusion pass and fused op code and FlashInfer's Python "
     "checks; bug C by reading FlashInfer's source"
 )
-SIMULATED_SHORT = (
-    "replayed with the line's real vLLM and FlashInfer checks on a simulated GPU, TP group "
-    "and kernels (--json: what exactly)"
-)
-WIDTH = 100  # the text output's lines
 BUG_C_MESSAGE = "TypeError: type 'array.array' is not subscriptable"
 EXIT_OK, EXIT_FIXED, EXIT_STILL, EXIT_BAD = 0, 1, 2, 3
 MiB = 1024 * 1024
@@ -183,12 +178,6 @@ def _mib(ws: dict | None) -> dict | None:
     return {"buffer_mib": ws["buffer_bytes"] / MiB, "lamport_mib": ws["lamport_bytes"] / MiB}
 
 
-def _size(mib: float) -> str:
-    """A size for people: whole MiB from 10 MiB on, else one decimal
-    (80 MiB, 1.1 MiB); --json keeps the exact bytes."""
-    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB".replace(".0 MiB", " MiB")
-
-
 def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
     """One tree's verdict: per start its error; per model what it got."""
     starts = {order: _error(run[order]) for order in ("cold", "warm")}
@@ -252,7 +241,10 @@ def _bug_b(tree: Path, facts: dict, capability: int) -> dict | None:
 def _vllm_message(message: str) -> str:
     """The error vLLM gave, on one line, without pydantic's dump of the input."""
     lines = [re.sub(r" \[type=.*$", "", ln).strip() for ln in message.splitlines()]
-    return " ".join(ln for ln in lines if ln and "errors.pydantic.dev" not in ln)
+    text = " ".join(ln for ln in lines if ln and "errors.pydantic.dev" not in ln)
+    # pydantic's framing names vLLM's classes, not the operator's input
+    text = re.sub(r"^\d+ validation errors? for \w+ ", "", text).replace("Value error, ", "")
+    return re.sub(r"\btorch\.(\w+)", r"\1", text)
 
 
 def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
@@ -313,7 +305,8 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
         message = _vllm_message(facts["message"]).removeprefix("vllm serve: ")
         if facts["error"] in ("BadInput", "ArgumentError"):  # said as is
             raise Fail(f"vllm serve: {message.removeprefix('error: ')}")
-        raise Fail(f"vllm serve: {facts['error']}: {message}")
+        said = "" if facts["error"] in ("ValidationError", "ValueError") else facts["error"] + ": "
+        raise Fail(f"vllm serve: {said}{message}")
     facts["backend"] = backend
     report: dict = {
         "line": line.tag,
@@ -326,13 +319,18 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
     }
     if facts["dtype"] not in ("bfloat16", "float16"):
         report["note"] = (
-            f"dtype {facts['dtype']}: the starts are replayed with 2-byte (bfloat16) "
+            f"dtype {facts['dtype']}: not replayed as such: the starts use 2-byte (bfloat16) "
             "activations, so sizes and verdicts are those of a 16-bit deployment"
         )
     if facts.get("quantization") and not facts["no_fusion"]:
         report["quantized"] = (
-            f"quantization {facts['quantization']}: its quantized fused patterns (the quant "
-            "workspace) are not replayed; the verdict is the unquantized fusion's"
+            f"quantization {facts['quantization']}: not replayed: its quantized fused patterns "
+            "(get_fi_ar_quant_workspace); the verdict is the unquantized fusion's"
+        )
+    if facts.get("standalone_allreduce"):
+        report["standalone"] = (
+            "VLLM_ALLREDUCE_USE_FLASHINFER=1: not replayed: the standalone FlashInfer "
+            "all-reduce (outside the fusion pass)"
         )
     stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
     report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
@@ -342,7 +340,9 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
             k: facts[k]
             for k in ("target_hidden", "draft_hidden", "tp", "max_num_batched_tokens", "dtype")
         }
-        kw.update(capability=capability, backend=backend)
+        kw.update(
+            capability=capability, backend=backend, fusion_max_size_mb=facts["fusion_max_size_mb"]
+        )
         step("cold and warm start, stock and patched (in parallel)")
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = {
@@ -380,10 +380,12 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
 def _advice(code: int, report: dict) -> str:
     line = report["line"]
     if code == EXIT_OK and not report["verdict"]:  # nothing was replayed
-        return f"unaffected: {report['fusion']}; bugs A and B cannot occur."
+        return "unaffected: no fused all-reduce, so bugs A and B cannot occur."
     if code == EXIT_OK:
+        untold = [k for k in ("note", "quantized", "standalone") if report.get(k)]
         return (
-            f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay."
+            f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay"
+            + (", except what it says it did not replay." if untold else ".")
         )
     if code == EXIT_FIXED:
         v = report["verdict"]
@@ -391,9 +393,9 @@ def _advice(code: int, report: dict) -> str:
         if v and v["stock"]["workspace_mib_per_rank"] and v["patched"]["workspace_mib_per_rank"]:
             s, p = v["stock"]["workspace_mib_per_rank"], v["patched"]["workspace_mib_per_rank"]
             cost = (
-                f" (all-reduce workspace per rank: buffer {_size(s['buffer_mib'])} -> "
-                f"{_size(p['buffer_mib'])}, Lamport {_size(s['lamport_mib'])} -> "
-                f"{_size(p['lamport_mib'])})"
+                f" (all-reduce workspace per rank: buffer {size(s['buffer_mib'])} -> "
+                f"{size(p['buffer_mib'])}, Lamport {size(s['lamport_mib'])} -> "
+                f"{size(p['lamport_mib'])})"
             )
         return (
             f"stock vLLM {line} crashes at start-up here; the tpfix wheel of {line} fixes it{cost}."
@@ -404,94 +406,17 @@ def _advice(code: int, report: dict) -> str:
     )
 
 
-def _text(report: dict) -> str:
-    f = report["facts"]
-    out = [
-        f"vLLM {report['line']} on {report['gpu']}, Python {report['python']}, "
-        f"all-reduce backend {report['allreduce_backend']}",
-        f"  target {f['model']} (hidden {f['target_hidden']}), dtype {f['dtype']}, TP {f['tp']}, "
-        f"max_num_batched_tokens {f['max_num_batched_tokens']}",
-    ]
-    if f.get("pp", 1) > 1 or f.get("dp", 1) > 1:  # each stage and replica: its own TP group
-        out.append(
-            f"  layout: {f['pp']} pipeline stage(s) x {f['dp']} data-parallel replica(s), "
-            f"executor {f['executor']}; each has its own TP group of {f['tp']}, "
-            "replayed once for all"
-        )
-    if f["draft_model"]:
-        out.append(
-            f"  drafter {f['draft_model']} (hidden {f['draft_hidden']}, method {f['spec_method']})"
-        )
-    if report.get("bug_c"):
-        for k in ("stock", "patched"):
-            out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
-    for key in ("fusion", "note", "quantized"):
-        if report.get(key):
-            out.append("  " + report[key])
-    v = report["verdict"]
-    for model in v.get("stock", {}).get("models", {}):
-        out.append(f"  {model}:")
-        for k in ("stock", "patched"):
-            m = v[k]["models"][model]
-            shown = _start_errors(m["result"]) or ["ok"]
-            out.append(f"    {k:8s} {shown[0]}")
-            out.extend(f"             {more}" for more in shown[1:])
-            out.append(
-                f"             fused tokens {m['fused_tokens']}; one-shot up to "
-                f"{m['oneshot_max_tokens']} tokens, two-shot above"
-            )
-    for lost in report.get("lost_fusion") or []:
-        stock = "no tokens" if lost["stock"] == "none" else f"tokens {lost['stock']}"
-        out.append(
-            f"  lost fusion: stock fuses {stock} of the {lost['model']}, "
-            f"the patched wheel {lost['patched']}"
-        )
-    for k in v:
-        ws, mib = v[k]["workspace"], v[k]["workspace_mib_per_rank"]
-        if mib:
-            shape = f" ({ws['max_token_num']} x {ws['hidden_dim']})" if "hidden_dim" in ws else ""
-            out.append(
-                f"  workspace {k}, {v[k]['workspace_start']} start{shape}: "
-                f"buffer {_size(mib['buffer_mib'])}, Lamport {_size(mib['lamport_mib'])} per rank"
-            )
-        sweep = v[k]["starts"].get("bug_b_sweep")
-        if sweep:
-            out.append(f"  MNNVL sweep {k}: {sweep.get('failures')} failing token counts")
-    if v:  # a replay ran
-        out.append("  " + SIMULATED_SHORT)
-    out.append(f"advice: {report['advice']}")
-    return "\n".join(_wrap(line) for line in out)
-
-
-def _start_errors(result: dict | None) -> list[str]:
-    """One line per distinct error, each start that ends in it named once:
-    "cold start, warm start (at profile:draft:8192): ValueError: ..."."""
-    starts: dict[str, list[str]] = {}
-    for order, err in (result or {}).items():
-        msg, _, at = err.partition(" (at ")
-        starts.setdefault(msg, []).append(f"{order} start" + (f" (at {at}" if at else ""))
-    return [f"{', '.join(orders)}: {msg}" for msg, orders in starts.items()]
-
-
-def _wrap(line: str) -> str:
-    """A line of at most WIDTH characters, continued under its own indent."""
-    indent = " " * (len(line) - len(line.lstrip()) + 4)
-    return textwrap.fill(
-        line, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     try:
-        code, report = diagnose(argv, progress=lambda s: print(s, file=sys.stderr, flush=True))
+        code, report = diagnose(argv, lambda s: print(wrap(s), file=sys.stderr, flush=True))
     except Fail as e:
         if as_json:
             print(json.dumps({"exit_code": EXIT_BAD, "error": str(e)}))
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD
-    print(json.dumps(report, indent=1) if as_json else _text(report))
+    print(json.dumps(report, indent=1) if as_json else text(report))
     return code
 
 

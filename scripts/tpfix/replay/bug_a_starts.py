@@ -37,12 +37,21 @@ def cold_start(
     max_num_batched_tokens=8192,
     backend="trtllm",
     pattern="kARResidualRMSNorm",
+    fusion_max_size_mb=None,
 ):
     """Seed config, empty compile cache: the worker starts, the compiler builds
     the target's fusion pass, then the drafter's, then the profile run sends
-    ``max_num_batched_tokens`` tokens through target and drafter."""
+    ``max_num_batched_tokens`` tokens through target and drafter.
+    ``fusion_max_size_mb``: pass_config.fi_allreduce_fusion_max_size_mb
+    (None: vLLM's default for the TP size), here and in the warm starts."""
     setup(tp, capability, backend)
-    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    cfg = engine_config(
+        target_hidden,
+        draft_hidden,
+        tp,
+        max_num_batched_tokens,
+        fusion_max_size_mb=fusion_max_size_mb,
+    )
     worker_init(cfg)
     plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
     dcfg = None
@@ -141,6 +150,7 @@ def warm_start_capture_order(
     max_num_batched_tokens=8192,
     backend="trtllm",
     num_warmups=None,
+    fusion_max_size_mb=None,
 ):
     """Warm start (new process, graphs from the AOT cache: no pass is built)
     in vLLM's start order: the profile run at ``max_num_batched_tokens``
@@ -154,7 +164,13 @@ def warm_start_capture_order(
     CompilationConfig field's default is 0).  The first error stops the
     start; ``at`` says where."""
     setup(tp, capability, backend)
-    cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
+    cfg = engine_config(
+        target_hidden,
+        draft_hidden,
+        tp,
+        max_num_batched_tokens,
+        fusion_max_size_mb=fusion_max_size_mb,
+    )
     cc = cfg.compilation_config
     warmups = cc.cudagraph_num_of_warmups if num_warmups is None else num_warmups
     sizes = sorted(cc.cudagraph_capture_sizes or [], reverse=True)

@@ -136,6 +136,7 @@ def parse(
     except BadInput as e:
         return _bad(str(e))
     validate(args)
+    import vllm.envs as envs
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
@@ -144,7 +145,7 @@ def parse(
     spec = cfg.speculative_config
     dmc = getattr(spec, "draft_model_config", None) if spec else None
     return {
-        "no_fusion": _no_fusion(cfg),
+        "no_fusion": _no_fusion(cfg, argv),
         "quantization": cfg.model_config.quantization,
         "model": cfg.model_config.model,
         "architectures": list(cfg.model_config.architectures or []),
@@ -156,6 +157,10 @@ def parse(
         "executor": str(cfg.parallel_config.distributed_executor_backend),
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
         "fuse_allreduce_rms": bool(cfg.compilation_config.pass_config.fuse_allreduce_rms),
+        "fusion_max_size_mb": cfg.compilation_config.pass_config.fi_allreduce_fusion_max_size_mb,
+        "compilation_mode": cfg.compilation_config.mode.name,
+        "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
+        "standalone_allreduce": bool(getattr(envs, "VLLM_ALLREDUCE_USE_FLASHINFER", False)),
         "spec_method": getattr(spec, "method", None) if spec else None,
         "draft_model": dmc.model if dmc is not None else None,
         "draft_architectures": list(dmc.architectures or []) if dmc is not None else [],
@@ -190,23 +195,34 @@ def _stand_in_for_ray() -> None:
     Executor.get_class = staticmethod(ray_stand_in)
 
 
-def _no_fusion(cfg) -> str | None:
-    """Why the resolved configuration runs no fused all-reduce, or None: the
-    fusion pass runs only in VLLM_COMPILE mode (not with --enforce-eager or
-    -O0), with pass_config.fuse_allreduce_rms (its default depends on the
-    platform and -O level), with torch.compile enabled, at a TP size that
-    FlashInfer's fusion supports."""
+def _no_fusion(cfg, argv: list[str]) -> str | None:
+    """Why the resolved configuration runs no fused all-reduce, or None, and
+    what in the deployment made it so: the fusion pass runs only in
+    VLLM_COMPILE mode (which --enforce-eager, -O0, TORCH_COMPILE_DISABLE=1 or
+    -cc.mode turn off: vLLM sets the mode), with pass_config.fuse_allreduce_rms
+    (set on the line, or its default for the -O level and platform), at a TP
+    size FlashInfer's fusion has a size for."""
     from vllm.config import CompilationMode
 
     cc, tp = cfg.compilation_config, cfg.parallel_config.tensor_parallel_size
+    level = getattr(cfg, "optimization_level", None)
     if tp <= 1:
-        return "TP = 1"
+        return "TP 1: no all-reduce"
     if cc.mode != CompilationMode.VLLM_COMPILE:
-        return f"compilation mode {cc.mode.name}, nothing is compiled (--enforce-eager, -O0)"
-    if os.environ.get("TORCH_COMPILE_DISABLE", "0").lower() in ("1", "true"):
-        return "TORCH_COMPILE_DISABLE is set: torch.compile runs no pass"
+        if cfg.model_config.enforce_eager:
+            why = "--enforce-eager"
+        elif os.environ.get("TORCH_COMPILE_DISABLE") == "1":  # vLLM's test, and torch's
+            why = "TORCH_COMPILE_DISABLE=1"
+        elif level is not None and int(level) == 0:
+            why = "-O0"
+        else:
+            why = f"compilation mode {cc.mode.name.lower()}"
+        return f"{why}: vLLM compiles nothing, so no fusion pass runs"
     if not cc.pass_config.fuse_allreduce_rms:
-        return "pass_config.fuse_allreduce_rms is off for this deployment"
+        if any("fuse_allreduce_rms" in a for a in argv):
+            return "fuse_allreduce_rms is off on the serve line"
+        o = f"-O{int(level)}" if level is not None else "this -O level"
+        return f"fuse_allreduce_rms is off: vLLM's default at {o} on this GPU"
     if cc.pass_config.flashinfer_max_size(tp) is None:
         return f"FlashInfer's fused all-reduce has no size for TP {tp} on this GPU"
     return None
@@ -269,6 +285,7 @@ def start(
     max_num_batched_tokens: int,
     backend: str,
     dtype: str = "bfloat16",
+    fusion_max_size_mb: float | None = None,
 ) -> dict[str, Any]:
     """bug_a's cold start (``order="cold"``) or warm start in vLLM's start
     order (``"warm"``) for these facts; an error comes back as its type and
@@ -283,6 +300,7 @@ def start(
         capability=capability,
         max_num_batched_tokens=max_num_batched_tokens,
         backend=backend,
+        fusion_max_size_mb=fusion_max_size_mb,
     )
     try:
         result = run(**kw)
