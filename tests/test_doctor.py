@@ -327,6 +327,9 @@ def test_deployment_agrees_with_the_replay(case, capsys):
         failed[which] = any(replay.values()) or bool(sweep.get("failures"))
     expect = 2 if failed["patched"] else 1 if failed["stock"] else 0
     assert code == expect == report["exit_code"], (code, failed)
+    # a proposer other than a draft model: replayed as one, and said so
+    method = f["spec_method"] if draft is not None else "draft_model"
+    assert ("spec" in report) == (method != "draft_model"), report.get("spec")
 
 
 # -- slow: bad serve lines ------------------------------------------------------

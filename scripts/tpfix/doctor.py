@@ -332,6 +332,11 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
             "VLLM_ALLREDUCE_USE_FLASHINFER=1: not replayed: the standalone FlashInfer "
             "all-reduce (outside the fusion pass)"
         )
+    if facts["draft_hidden"] and facts["spec_method"] != "draft_model":  # eagle, mtp, ...
+        report["spec"] = (
+            f"spec method {facts['spec_method']}: not replayed as such: its drafter is replayed "
+            "as a draft model of its own width; the proposer's own steps are not"
+        )
     stock_c, patched_c = bug_c(trees["stock"], args.python), bug_c(trees["patched"], args.python)
     report["bug_c"] = {"stock": stock_c, "patched": patched_c} if facts["tp"] > 1 else None
     verdict: dict[str, dict] = {}
@@ -382,7 +387,7 @@ def _advice(code: int, report: dict) -> str:
     if code == EXIT_OK and not report["verdict"]:  # nothing was replayed
         return "unaffected: no fused all-reduce, so bugs A and B cannot occur."
     if code == EXIT_OK:
-        untold = [k for k in ("note", "quantized", "standalone") if report.get(k)]
+        untold = [k for k in ("note", "quantized", "standalone", "spec") if report.get(k)]
         return (
             f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay"
             + (", except what it says it did not replay." if untold else ".")

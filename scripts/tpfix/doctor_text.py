@@ -43,7 +43,7 @@ def text(report: dict) -> str:
     if report.get("bug_c"):
         for k in ("stock", "patched"):
             out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
-    for key in ("fusion", "note", "quantized", "standalone"):
+    for key in ("fusion", "note", "quantized", "standalone", "spec"):
         if report.get(key):
             out.append("  " + report[key])
     v = report["verdict"]
