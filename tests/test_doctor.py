@@ -29,7 +29,7 @@ from replays import bug_c_patch
 from tpfix import doctor, doctor_text
 from tpfix.lines import get_line
 from tpfix.replay import bug_a
-from tpfix.replay.harness import run_scenario
+from tpfix.replay.harness import Interpreter, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "fixtures" / "models"
@@ -289,13 +289,16 @@ DEPLOYMENTS = [
 
 
 def _replay(tree: Path, kw: dict) -> dict:
-    """The replay's own cold and warm start (each its own interpreter)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = {
-            "cold": pool.submit(run_scenario, tree, "bug_a:cold_start", **kw),
-            "warm": pool.submit(run_scenario, tree, "bug_a:warm_start_capture_order", **kw),
+    """The replay's own cold and warm start, each in its own fork of an
+    interpreter that has only imported vLLM (no state of one start reaches
+    the other; the doctor runs both in one interpreter, device.new_process
+    between)."""
+    ahead = [("doctor_scenario:prepare", {"backend": kw["backend"]})]
+    with Interpreter(tree, ahead) as interpreter:
+        return {
+            "cold": interpreter.run("bug_a:cold_start", fork=True, **kw),
+            "warm": interpreter.run("bug_a:warm_start_capture_order", fork=True, **kw),
         }
-        return {k: f.result() for k, f in runs.items()}
 
 
 def _errors(runs: dict) -> dict:
@@ -319,8 +322,13 @@ def test_deployment_agrees_with_the_replay(case, capsys):
     )
     trees = {k: Path(v) for k, v in report["trees"].items()}
     failed = {}
-    for which, tree in (("stock", trees["stock_replay"]), ("patched", trees["patched"])):
-        replay = _errors(_replay(tree, kw))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        replays = {
+            which: pool.submit(_replay, trees[t], kw)
+            for which, t in (("stock", "stock_replay"), ("patched", "patched"))
+        }
+    for which, future in replays.items():
+        replay = _errors(future.result())
         starts = report["verdict"][which]["starts"]
         assert {k: starts[k] for k in ("cold", "warm")} == replay, (which, starts, replay)
         sweep = starts.get("bug_b_sweep") or {}
