@@ -46,6 +46,9 @@ def sleep(seconds):
     time.sleep(seconds)
     return {}
 
+def unserializable():
+    return {"value": object()}
+
 def start_thread():
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     return {}
@@ -103,6 +106,15 @@ def test_a_dying_fork_is_an_error_result_and_the_interpreter_goes_on(tree):
         result = it.run("hjobs.jobs:die", fork=True, code=7)
         assert result["error"] == "Crashed"
         assert it.run("hjobs.jobs:getenv", name="TPFIX_NONE") == {"value": None}
+
+
+def test_a_fork_whose_result_is_not_json_ends_there(tree):
+    """The fork never runs on as a second interpreter reading the jobs."""
+    with Interpreter(tree) as it:
+        assert it.run("hjobs.jobs:unserializable", fork=True)["error"] == "Crashed"
+        assert it.run("hjobs.jobs:setenv", name="TPFIX_H", value="1") == {}
+        assert it.run("hjobs.jobs:getenv", name="TPFIX_H") == {"value": "1"}
+        assert "TypeError" in it.stderr()
 
 
 def test_a_dying_interpreter_is_a_clear_error(tree):

@@ -142,11 +142,16 @@ def forked(mod, fn, kwargs):
         return {"error": "RuntimeError", "message": "no fork: Python threads run"}
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        with os.fdopen(w, "w") as f:
-            json.dump(run(mod, fn, kwargs), f)
-        os._exit(0)
+    if pid == 0:  # never back into the loop below, whatever happens here
+        try:
+            os.close(r)
+            text = json.dumps(run(mod, fn, kwargs))
+            with os.fdopen(w, "w") as f:
+                f.write(text)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         text = f.read()
