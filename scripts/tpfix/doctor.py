@@ -39,7 +39,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from tpfix.deployment_file import serve_line, split_env
-from tpfix.doctor_text import size, text, wrap
+from tpfix.doctor_text import CAVEATS, size, text, wrap
 from tpfix.lines import get_line, line_names
 from tpfix.patch import cached_tree
 from tpfix.patch_format import read_series
@@ -343,11 +343,16 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
     if not facts["no_fusion"]:
         kw = {
             k: facts[k]
-            for k in ("target_hidden", "draft_hidden", "tp", "max_num_batched_tokens", "dtype")
+            for k in (
+                "target_hidden",
+                "draft_hidden",
+                "tp",
+                "max_num_batched_tokens",
+                "dtype",
+                "fusion_max_size_mb",
+            )
         }
-        kw.update(
-            capability=capability, backend=backend, fusion_max_size_mb=facts["fusion_max_size_mb"]
-        )
+        kw.update(capability=capability, backend=backend)
         step("cold and warm start, stock and patched (in parallel)")
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = {
@@ -387,7 +392,7 @@ def _advice(code: int, report: dict) -> str:
     if code == EXIT_OK and not report["verdict"]:  # nothing was replayed
         return "unaffected: no fused all-reduce, so bugs A and B cannot occur."
     if code == EXIT_OK:
-        untold = [k for k in ("note", "quantized", "standalone", "spec") if report.get(k)]
+        untold = any(report.get(k) for k in CAVEATS)
         return (
             f"unaffected: stock vLLM {line} starts this deployment (cold and warm) in the replay"
             + (", except what it says it did not replay." if untold else ".")

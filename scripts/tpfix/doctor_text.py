@@ -13,6 +13,8 @@ SIMULATED_SHORT = (
     "and kernels (--json: what exactly)"
 )
 WIDTH = 100  # the text output's lines
+# the report's lines on what the replay did not model, one each
+CAVEATS = ("note", "quantized", "standalone", "spec")
 
 
 def size(mib: float) -> str:
@@ -43,7 +45,7 @@ def text(report: dict) -> str:
     if report.get("bug_c"):
         for k in ("stock", "patched"):
             out.append(f"  FlashInfer import ({k}): {report['bug_c'][k] or 'ok'}")
-    for key in ("fusion", "note", "quantized", "standalone", "spec"):
+    for key in ("fusion", *CAVEATS):
         if report.get(key):
             out.append("  " + report[key])
     v = report["verdict"]
