@@ -11,14 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
-ensure_venv ci/requirements-build.txt
+ensure_venv ci/requirements-build.lock
 case "${1:-}" in
 doctor)
     shift
     # the replays import vLLM from source trees and FlashInfer: their
-    # runtime requirements, once
-    ensure_venv ci/requirements-replay.txt
-    "$VENV_PY" -m tpfix.replay.install_requirements
+    # runtime requirements (every line's requirements/common.txt), once
+    ensure_venv ci/requirements-replay.lock
     exec "$VENV_PY" -m tpfix.doctor "$@"
     ;;
 esac

@@ -5,8 +5,8 @@
 # the fast tier (-m "not slow": series checks, each bug's scenario replays),
 # then the slow one (-m slow: real builds, the image, the sweeps).  Both run
 # even when the first fails; the command fails when either does.
-# Sets up build/venv (build + test requirements, and vLLM v0.27.1's common
-# runtime requirements for the scenario tests), shared with ./build.sh.
+# Sets up build/venv (the build's, the replays' and the tests' locked
+# requirements: ci/*.lock, tpfix.maint.lock), shared with ./build.sh.
 # Each tier runs on pytest-xdist workers, one per core (at most 4): a file
 # whose tests share module fixtures runs on one worker (tests/conftest.py's
 # ONE_WORKER, which replaces xdist's scheduler; see docs/developing.md).
@@ -42,8 +42,7 @@ fi
 
 # shellcheck source=ci/venv.sh
 . ci/venv.sh
-ensure_venv ci/requirements-build.txt ci/requirements-replay.txt ci/requirements-test.txt
-"$VENV_PY" -m tpfix.replay.install_requirements
+ensure_venv ci/requirements-build.lock ci/requirements-replay.lock ci/requirements-test.lock
 
 echo "==> lint: ruff (scripts, tests), shellcheck"
 "$VENV_PY" -m ruff check scripts tests

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Sourced by build.sh and ci/test.sh: make (or update) build/venv from the
-# requirement files given as arguments, and check the tools the pipeline needs.
+# lock files given as arguments (ci/*.lock: exact versions with their sha256,
+# installed with --require-hashes; python -m tpfix.maint.lock writes them),
+# and check the tools the pipeline needs.
 ensure_venv() {
     local root venv py
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,7 +28,7 @@ ensure_venv() {
         [ -e "$venv/.installed-$sum" ] && continue
         echo "setting up $venv: $f (log: build/venv-install.log)" >&2
         if ! "$venv/bin/python" -m pip install --disable-pip-version-check \
-            -r "$f" >"$root/build/venv-install.log" 2>&1; then
+            --require-hashes -r "$f" >"$root/build/venv-install.log" 2>&1; then
             tail -n 20 "$root/build/venv-install.log" >&2
             echo "error: pip could not install $f into $venv (log above)" >&2
             return 2

@@ -61,7 +61,7 @@ def test_the_key_covers_the_series_and_the_build_code(monkeypatch):
     assert wheel_cache.key(line, "v", "x86_64", 1) != before
     monkeypatch.undo()
     names = {f.name for f in wheel_cache.KEY_FILES}
-    assert {"requirements-build.txt", "build.py", "patch.py", "quilt.py"} <= names
+    assert {"requirements-build.lock", "build.py", "patch.py", "quilt.py"} <= names
 
 
 def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path: Path):

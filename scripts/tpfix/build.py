@@ -12,7 +12,7 @@ nothing installed).
 
 torch's own version does not reach the wheel: in this mode setup.py reads
 only `torch.version.*` (target detection) and nothing is compiled against
-torch.  So every line builds with the CPU torch of ci/requirements-build.txt,
+torch.  So every line builds with the CPU torch of ci/requirements-build.lock,
 also v0.33.0 (whose pyproject asks for torch 2.14.0, which exists only as a
 CUDA build with GBs of dependencies); verify.py proves it per build, file by
 file against the official wheel.

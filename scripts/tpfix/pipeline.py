@@ -244,7 +244,7 @@ def build_locks(workdir: Path, dist: Path):
         yield
 
 
-# The Python packages the package stage needs (ci/requirements-build.txt).
+# The Python packages the package stage needs (ci/requirements-build.lock).
 TOOLS = {
     "cyclonedx": ("cyclonedx-python-lib", "the SBOM"),
     "in_toto_attestation": ("in-toto-attestation", "the provenance"),
@@ -262,7 +262,8 @@ def check_tools() -> None:
         names = ", ".join(f"{pkg} ({why})" for pkg, why in missing)
         raise Fail(
             f"missing in {sys.prefix}: {names}; ./build.sh installs them from "
-            "ci/requirements-build.txt (or: pip install -r ci/requirements-build.txt)"
+            "ci/requirements-build.lock (or: pip install --require-hashes -r "
+            "ci/requirements-build.lock)"
         )
 
 

@@ -29,9 +29,10 @@ from tpfix.lines import Line, fingerprint
 from tpfix.util import ROOT, cache_dir, cache_lock, sha256_file
 
 # What a build's bytes depend on besides the line: the build requirements
-# and the modules that fetch the inputs into a tree, patch it and build.
+# (their lock: the exact versions) and the modules that fetch the inputs into
+# a tree, patch it and build.
 KEY_FILES = [
-    ROOT / "ci" / "requirements-build.txt",
+    ROOT / "ci" / "requirements-build.lock",
     *(ROOT / "scripts" / "tpfix" / f"{m}.py" for m in ("build", "patch", "patch_format", "quilt")),
 ]
 

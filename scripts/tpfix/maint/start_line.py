@@ -33,9 +33,11 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
   advisories.toml  no advisory analysis yet (tpfix.triage reads it)
 
 and regenerates the versions table in README.md (tpfix.support_matrix
---readme), which lists every line.  Without --from it starts from the newest
-line of an older release (an absorbed verdict is red on the source's tag,
-green on TAG), or from the newest line, with a note, when none is older.
+--readme), which lists every line, and build/venv's locks (ci/*.lock,
+tpfix.maint.lock), which then take TAG's requirements/common.txt too.
+Without --from it starts from the newest line of an older release (an
+absorbed verdict is red on the source's tag, green on TAG), or from the
+newest line, with a note, when none is older.
 
 Nothing is left when the line already exists or a step fails (the folder is
 removed again, also on SIGTERM); VERSION is written last, so a folder without
@@ -66,7 +68,7 @@ from tpfix.lines import (
     newest_line_before,
     tag_version,
 )
-from tpfix.maint import port_facts
+from tpfix.maint import lock, port_facts
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
 from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
@@ -249,6 +251,12 @@ def main() -> None:
     )
     if left:
         print(f"to port by hand (diff3 merges in {shown(dest / 'conflicts')}): " + ", ".join(left))
+    # the replays import every line's vLLM from one venv: its locks take the
+    # new line's requirements/common.txt too
+    try:
+        lock.compile_layers(lock.find_links())
+    except Fail as e:
+        print(f"warning: ci/*.lock not rewritten for {args.tag}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":
