@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""A folder served over HTTP on 127.0.0.1, for the tests that point pip or
-uv at a local package index (test_index, test_fetch)."""
+"""A folder served over HTTP on 127.0.0.1, for the tests that point pip, uv
+or our own code at a local package index (test_index, test_advisories,
+test_resolved_sbom, test_image)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from pathlib import Path
 class Served:
     """http.server publishing `folder` on 127.0.0.1 (a free port), in a
     thread, while the `with` block runs; `paths` are the requests it
-    answered, in order, with their status."""
+    answered, in order, with their status.  `ranges`: it answers a Range
+    request with the bytes asked for (206), as package indexes do; set it
+    False for a server that answers the whole file (200)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, ranges: bool = False):
         self.paths: list[tuple[str, int]] = []
+        self.ranges = ranges
         server = self
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -26,6 +30,22 @@ class Served:
 
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):
+                spec, path = self.headers.get("Range"), Path(self.translate_path(self.path))
+                if not (server.ranges and spec and path.is_file()):
+                    return super().do_GET()
+                data = path.read_bytes()
+                first, last = spec.removeprefix("bytes=").split("-")
+                start, end = (
+                    (len(data) - int(last), len(data) - 1) if not first else (int(first), int(last))
+                )
+                end = min(end, len(data) - 1)
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+                self.send_header("Content-Length", str(end - start + 1))
+                self.end_headers()
+                self.wfile.write(data[start : end + 1])
 
         handler = functools.partial(Handler, directory=str(folder))
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)

@@ -16,7 +16,6 @@ index.
 
 from __future__ import annotations
 
-import functools
 import http.server
 import json
 import re
@@ -28,6 +27,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from served import Served
 from small_dist import check_sums, publish_small, sums
 from wheels import make_wheel
 
@@ -269,16 +269,9 @@ def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
     )
     deps = [make_wheel(served, "1.0", name, ()) for name in ("dep_a", "dep_b")]
     write_index(served, [wheel, *deps])
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/simple"
-        tgt = advisories.target(get_line(), "x86_64")
-        pins = advisories.resolve(wheel, tgt, url)
-    finally:
-        server.shutdown()
+    tgt = advisories.target(get_line(), "x86_64")
+    with Served(served) as server:
+        pins = advisories.resolve(wheel, tgt, f"{server.url}/simple")
     assert sorted(pins) == [("dep-a", "1.0"), ("vllm", wheel.name.split("-")[1])]
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
 import json
 import os
 import re
@@ -26,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -34,6 +32,7 @@ from pathlib import Path
 import pytest
 import standin_image
 from packageurl import PackageURL
+from served import Served
 
 from tpfix import image, image_engine, sbom
 from tpfix.build import source_date_epoch
@@ -99,18 +98,8 @@ def base(buildah: str) -> str:
 @pytest.fixture(scope="module")
 def fi_index(tmp_path_factory) -> str:
     root = standin_image.fake_index(tmp_path_factory.mktemp("flashinfer-index"))
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=str(root), **kw)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
+    with Served(root) as server:
+        yield f"{server.url}/"
 
 
 @pytest.fixture(scope="module")

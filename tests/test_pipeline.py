@@ -89,17 +89,19 @@ def test_writable_folder_makes_missing_parents(tmp_path: Path):
     assert folder.is_dir() and list(folder.iterdir()) == []  # its probe file is gone
 
 
-@pytest.mark.parametrize("where", ["folder", "parent"])
+@pytest.mark.parametrize("where", ["folder", "parent", "grandparent"])
 def test_a_file_in_the_folders_place_is_one_line_naming_it(tmp_path: Path, where: str):
     blocker = tmp_path / "dist"
     blocker.write_text("a file, not a folder")
-    folder = blocker if where == "folder" else blocker / "sub"
+    folder = {"folder": blocker, "parent": blocker / "sub", "grandparent": blocker / "a" / "b"}
     with pytest.raises(Fail) as e:
-        pipeline.writable_folder(folder, "dist folder", "give another: ./build.sh --dist DIR")
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"dist folder {folder} is not writable (")
-    assert msg.endswith("or give another: ./build.sh --dist DIR")
+        pipeline.writable_folder(
+            folder[where], "dist folder", "give another: ./build.sh --dist DIR"
+        )
+    assert str(e.value) == (
+        f"dist folder {folder[where]} cannot be made: {blocker} is a file, not a folder; "
+        "move that file away, or give another: ./build.sh --dist DIR"
+    )
     assert blocker.read_text() == "a file, not a folder"
 
 

@@ -14,18 +14,16 @@ graph.  Slow tier: the command, with servers and subprocesses.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
-import http.server
 import json
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from cyclonedx.model.bom import Bom
+from served import Served
 from small_dist import check_sums, keypair, publish_small, sums
 from wheels import make_wheel
 
@@ -150,8 +148,8 @@ SERVED = {
 
 @pytest.fixture
 def index(tmp_path: Path):
-    """The served index: (URL, {wheel file name: sha256}, the paths asked for,
-    the served folder, the handler class)."""
+    """The served index: (URL, {wheel file name: sha256}, the served folder,
+    the server: its `paths` asked for, its `ranges` switch)."""
     from tpfix.index import write_index
 
     served = tmp_path / "served"
@@ -160,36 +158,9 @@ def index(tmp_path: Path):
         for name, (requires, fields) in SERVED.items()
     ]
     write_index(served, wheels)
-    asked: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        ranges = True  # answer Range requests (206), as package indexes do
-
-        def log_message(self, *args):
-            asked.append(self.path)
-
-        def do_GET(self):
-            spec, path = self.headers.get("Range"), Path(self.translate_path(self.path))
-            if not (self.ranges and spec and path.is_file()):
-                return super().do_GET()
-            data = path.read_bytes()
-            first, last = spec.removeprefix("bytes=").split("-")
-            start, end = (
-                (len(data) - int(last), len(data) - 1) if not first else (int(first), int(last))
-            )
-            end = min(end, len(data) - 1)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-            self.send_header("Content-Length", str(end - start + 1))
-            self.end_headers()
-            self.wfile.write(data[start : end + 1])
-
-    handler = functools.partial(Handler, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     digests = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
-    yield f"http://127.0.0.1:{server.server_port}/simple", digests, asked, served, Handler
-    server.shutdown()
+    with Served(served, ranges=True) as server:
+        yield f"{server.url}/simple", digests, served, server
 
 
 def _run(dist: Path, *args: str) -> subprocess.CompletedProcess:
@@ -208,7 +179,7 @@ def _files(dist: Path) -> dict:
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_resolved_sbom_from_the_index_for_the_image(tmp_path: Path, index):
-    url, digests, asked, _, _ = index
+    url, digests, _, server = index
     dist, wheel, _, _ = publish_small(tmp_path, requires=REQUIRES)
     proc = _run(dist, "--index-url", url)
     assert proc.returncode == 0, proc.stderr
@@ -267,6 +238,7 @@ def test_resolved_sbom_from_the_index_for_the_image(tmp_path: Path, index):
     assert doc["metadata"]["timestamp"].startswith(props["tpfix:resolved-at"][:10])
     assert "uv" in {t["name"] for t in doc["metadata"]["tools"]["components"]}
     # metadata from PEP 658 files: no wheel was downloaded, by uv or by us
+    asked = [path for path, _ in server.paths]
     assert any(a.endswith(".whl.metadata") for a in asked)
     assert not [a for a in asked if a.endswith(".whl")], asked
     assert f"{wheel.name}.resolved.cdx.json" in sums(dist)
@@ -323,7 +295,7 @@ def test_a_failed_resolution_exits_2_in_one_line_and_writes_nothing(tmp_path: Pa
 
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_metadata_the_index_lacks_or_of_another_release_is_refused(index):
-    url, _, asked, served, handler = index
+    url, _, served, server = index
     files = url.removesuffix("/simple")
     meta = resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
     assert resolved_sbom.licenses_of(meta)[1] == "License-Expression"
@@ -332,11 +304,12 @@ def test_metadata_the_index_lacks_or_of_another_release_is_refused(index):
     # an index that serves no PEP 658 file: the wheel's own METADATA, by byte
     # ranges (its central directory and that file, not the wheel)
     (served / "dep_a-1.0-py3-none-any.whl.metadata").unlink()
-    del asked[:]
+    del server.paths[:]
     meta = resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
     assert resolved_sbom.licenses_of(meta)[1] == "License-Expression"
+    asked = [path for path, _ in server.paths]
     assert asked[0].endswith(".whl.metadata") and len(asked) > 2, asked  # 404, then ranges
-    handler.ranges = False  # one that answers no ranges: refused, nothing downloaded
+    server.ranges = False  # one that answers no ranges: refused, nothing downloaded
     with pytest.raises(Fail, match=r"whl \(the index answers no byte ranges \(HTTP 200\)\)"):
         resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
     with pytest.raises(Fail, match=r"dep_x-1.0-py3-none-any.whl \(File not found\)"):

@@ -219,6 +219,7 @@ def test_changed_pins_are_the_projects_of_touched_requirements_files(tmp_path: P
     (req / "cuda.txt").write_text(
         "# a comment naming not-a-pin==1\n-r common.txt\n\n"
         "Foo_Bar==1.0\nbaz[extra] >= 2 ; python_version > '3.10'\n  indented==3\n"
+        "  -r indented-option.txt\n\t# an indented comment\n"
     )
     (req / "common.txt").write_text("untouched==1\n")
     (tmp_path / "docker").mkdir()

@@ -52,7 +52,8 @@ def _changed_pins(touched: set[str], tree: Path) -> set[str]:
     for path in touched:
         if path.startswith("requirements/") and (tree / path).exists():
             for line in (tree / path).read_text().splitlines():
-                if line.strip() and not line.startswith(("#", "-")):
+                line = line.strip()  # pip allows indented options and comments
+                if line and not line.startswith(("#", "-")):
                     projects.add(_project(line))
     return projects
 
