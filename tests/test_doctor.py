@@ -17,9 +17,11 @@ Slow: everything that parses a serve line or replays a start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -288,17 +290,36 @@ DEPLOYMENTS = [
 ]
 
 
-def _replay(tree: Path, kw: dict) -> dict:
+@pytest.fixture(scope="module")
+def replayers():
+    """One interpreter per tree and all-reduce backend that has imported vLLM
+    and the replay's modules (prepare, as the doctor's do), kept for all the
+    deployments of this module: get(tree, backend) -> Interpreter.  Each
+    start runs in a fork of it."""
+    with contextlib.ExitStack() as stack:
+        made: dict[tuple[Path, str], Interpreter] = {}
+        lock = threading.Lock()
+
+        def get(tree: Path, backend: str) -> Interpreter:
+            with lock:
+                if (tree, backend) not in made:
+                    ahead = [("doctor_scenario:prepare", {"backend": backend})]
+                    interpreter = Interpreter(tree, ahead, timeout=3600)
+                    made[tree, backend] = stack.enter_context(interpreter)
+                return made[tree, backend]
+
+        yield get
+
+
+def _replay(interpreter: Interpreter, kw: dict) -> dict:
     """The replay's own cold and warm start, each in its own fork of an
     interpreter that has only imported vLLM (no state of one start reaches
-    the other; the doctor runs both in one interpreter, device.new_process
-    between)."""
-    ahead = [("doctor_scenario:prepare", {"backend": kw["backend"]})]
-    with Interpreter(tree, ahead) as interpreter:
-        return {
-            "cold": interpreter.run("bug_a:cold_start", fork=True, **kw),
-            "warm": interpreter.run("bug_a:warm_start_capture_order", fork=True, **kw),
-        }
+    the other, nor a deployment the next; the doctor runs both starts in one
+    interpreter, device.new_process between)."""
+    return {
+        "cold": interpreter.run("bug_a:cold_start", fork=True, **kw),
+        "warm": interpreter.run("bug_a:warm_start_capture_order", fork=True, **kw),
+    }
 
 
 def _errors(runs: dict) -> dict:
@@ -307,7 +328,7 @@ def _errors(runs: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", DEPLOYMENTS)
-def test_deployment_agrees_with_the_replay(case, capsys):
+def test_deployment_agrees_with_the_replay(case, capsys, replayers):
     model, serve_opts, target, draft, opts, capability, backend = case
     code, report, _ = run_doctor([*opts, *serve(model, *serve_opts)], capsys)
     f = report["facts"]
@@ -324,7 +345,7 @@ def test_deployment_agrees_with_the_replay(case, capsys):
     failed = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         replays = {
-            which: pool.submit(_replay, trees[t], kw)
+            which: pool.submit(_replay, replayers(trees[t], backend), kw)
             for which, t in (("stock", "stock_replay"), ("patched", "patched"))
         }
     for which, future in replays.items():
