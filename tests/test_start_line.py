@@ -55,7 +55,7 @@ MADE = [t for t in line_names() if (get_line(t).patches / "rebase.json").exists(
 def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProcess]:
     tag = request.param
     copy = tmp_path_factory.mktemp(f"start-{tag}") / "repo"
-    for part in ("scripts", "pins", "patches"):
+    for part in ("scripts", "pins", "patches", "ci"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "VERSION", copy / "VERSION")
     shutil.rmtree(copy / "patches" / tag)
@@ -121,6 +121,10 @@ def test_classification_equals_the_committed_one(made):
     (row,) = [x for x in (copy / "README.md").read_text().splitlines() if f"| {tag} |" in x]
     assert row.startswith(f"| `--line {tag}` | {tag} |") and f"-{tag[1:]}+tpfix.1-" in row
     assert problems(Line.at(folder)) == []  # CHANGELOG.md's entry, with the fingerprint
+    # build/venv's replay lock resolved again, with the new line's common.txt
+    head = (copy / "ci" / "requirements-replay.lock").read_text().splitlines()[2]
+    assert head.endswith(", ".join(line_names())) and tag in head, head
+    assert "warning: ci/*.lock" not in proc.stderr, proc.stderr[-2000:]
     left = [n for n, s in ours["patches"].items() if s == "conflicts"]
     for name, status in ours["patches"].items():
         assert (folder / "conflicts" / name).is_dir() == (status == "conflicts"), name
