@@ -316,8 +316,9 @@ def _replay(interpreter: Interpreter, kw: dict) -> dict:
     interpreter that has only imported vLLM (no state of one start reaches
     the other, nor a deployment the next; the doctor runs both starts in one
     interpreter, device.new_process between)."""
+    cold = {k: v for k, v in kw.items() if k != "cudagraph_mode"}  # it captures nothing
     return {
-        "cold": interpreter.run("bug_a:cold_start", fork=True, **kw),
+        "cold": interpreter.run("bug_a:cold_start", fork=True, **cold),
         "warm": interpreter.run("bug_a:warm_start_capture_order", fork=True, **kw),
     }
 
@@ -342,6 +343,7 @@ def test_deployment_agrees_with_the_replay(case, capsys, replayers):
         backend=backend,
     )
     trees = {k: Path(v) for k, v in report["trees"].items()}
+    kw["cudagraph_mode"] = f["cudagraph_mode"]  # as vLLM resolved it for the line
     failed = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         replays = {
@@ -480,6 +482,22 @@ def test_the_fusion_budget_on_the_serve_line_is_replayed(capsys):
     assert stock["models"]["target"]["fused_up_to"] == 256
     assert stock["models"]["draft"]["fused_up_to"] == 204
     assert (stock["workspace"]["max_token_num"], stock["workspace"]["hidden_dim"]) == (256, 2048)
+
+
+@pytest.mark.slow
+def test_the_cuda_graph_mode_on_the_serve_line_is_replayed(capsys):
+    """-cc.cudagraph_mode=NONE: vLLM captures no CUDA graph, so the warm
+    start replayed is the profile run alone; vLLM's default mode captures
+    its capture sizes after it."""
+    counts = {}
+    for mode in ([], ["-cc.cudagraph_mode=NONE"]):
+        code, report, _ = run_doctor([*SEED_000_LINE, *mode], capsys)
+        assert code == doctor.EXIT_FIXED, report
+        patched = report["verdict"]["patched"]
+        counts[report["facts"]["cudagraph_mode"]] = patched["capture_sizes"]
+    assert counts.pop("NONE") == 0
+    ((default, captured),) = counts.items()
+    assert default != "NONE" and captured > 0, (default, captured)
 
 
 @pytest.mark.slow

@@ -13,8 +13,9 @@ manifest or compose file with --from: tpfix.deployment_file) is parsed by the li
 ``create_engine_config``) in a subprocess against the pristine tree; model
 and draft configurations come from a local folder or the local Hugging Face
 cache (HF_HUB_OFFLINE=1).  Then the deployment's cold start and warm start
-(AOT cache; profile run, then CUDA graph capture largest size first) run on
-the pristine and on the patched tree of the line (tpfix.replay.doctor_scenario,
+(AOT cache; profile run, then CUDA graph capture largest size first, none
+with the resolved cudagraph_mode NONE) run on the pristine and on the
+patched tree of the line (tpfix.replay.doctor_scenario,
 built on the bug A replay; with MNNVL and two widths also bug B's sweep).
 Bug C (FlashInfer's import on Python < 3.12) is decided by reading the
 FlashInfer release each tree pins.
@@ -205,6 +206,8 @@ def _summary(run: dict, facts: dict, extra: dict | None) -> dict:
     return {
         "workspace_start": start,
         "starts": starts,
+        # the warm start's CUDA graph captures (none with cudagraph_mode NONE)
+        "capture_sizes": (run["warm"].get("capture_sizes") or {}).get("count"),
         "models": models,
         "workspace": ws,
         "workspace_mib_per_rank": _mib(ws),
@@ -350,6 +353,7 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
                 "max_num_batched_tokens",
                 "dtype",
                 "fusion_max_size_mb",
+                "cudagraph_mode",
             )
         }
         kw.update(capability=capability, backend=backend)

@@ -151,6 +151,7 @@ def warm_start_capture_order(
     backend="trtllm",
     num_warmups=None,
     fusion_max_size_mb=None,
+    cudagraph_mode=None,
 ):
     """Warm start (new process, graphs from the AOT cache: no pass is built)
     in vLLM's start order: the profile run at ``max_num_batched_tokens``
@@ -161,8 +162,10 @@ def warm_start_capture_order(
     there).  ``num_warmups=None``: the config's ``cudagraph_num_of_warmups``
     as ``VllmConfig`` sets it on a platform with static graph support (1
     unless enforce_eager, v0.27.1 ``vllm/config/vllm.py:1432``; the
-    CompilationConfig field's default is 0).  The first error stops the
-    start; ``at`` says where."""
+    CompilationConfig field's default is 0).  ``cudagraph_mode``: a
+    ``CUDAGraphMode`` name (None: vLLM's default); with ``NONE`` vLLM
+    captures nothing, so the start is the profile run.  The first error
+    stops the start; ``at`` says where."""
     setup(tp, capability, backend)
     cfg = engine_config(
         target_hidden,
@@ -170,6 +173,7 @@ def warm_start_capture_order(
         tp,
         max_num_batched_tokens,
         fusion_max_size_mb=fusion_max_size_mb,
+        cudagraph_mode=cudagraph_mode,
     )
     cc = cfg.compilation_config
     warmups = cc.cudagraph_num_of_warmups if num_warmups is None else num_warmups

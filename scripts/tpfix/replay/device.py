@@ -51,7 +51,10 @@ What is SIMULATED (there is no GPU):
     recorded, the captured forward runs like any other;
   * kernels: FlashInfer's JIT modules (``get_trtllm_comm_module``,
     ``get_trtllm_mnnvl_comm_module``) are replaced by CPU reference kernels;
-    everything FlashInfer does before the launch runs for real;
+    everything FlashInfer does before the launch runs for real (the outputs
+    of a fused call are compared with the reference on up to
+    ``engine.CHECKED_ROWS`` rows spread over the batch: the op works row by
+    row);
   * vLLM's ``torch.ops._C`` ops looked up at import: ``vllm_cpu_stubs``;
   * "a new process" (warm start) is simulated inside one interpreter by
     destroying the workspaces, forgetting the planned shape and the failure

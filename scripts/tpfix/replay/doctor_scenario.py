@@ -286,10 +286,12 @@ def start(
     backend: str,
     dtype: str = "bfloat16",
     fusion_max_size_mb: float | None = None,
+    cudagraph_mode: str | None = None,
 ) -> dict[str, Any]:
     """bug_a's cold start (``order="cold"``) or warm start in vLLM's start
-    order (``"warm"``) for these facts; an error comes back as its type and
-    message, with the workspace as it was when the start died."""
+    order (``"warm"``: its CUDA graph capture as ``cudagraph_mode`` has it)
+    for these facts; an error comes back as its type and message, with the
+    workspace as it was when the start died."""
     from tpfix.replay import bug_a
 
     run = {"cold": bug_a.cold_start, "warm": bug_a.warm_start_capture_order}[order]
@@ -302,6 +304,8 @@ def start(
         backend=backend,
         fusion_max_size_mb=fusion_max_size_mb,
     )
+    if order == "warm":  # the cold start captures nothing
+        kw["cudagraph_mode"] = cudagraph_mode
     try:
         result = run(**kw)
     except Exception as e:  # noqa: BLE001  (reported like the harness does)
