@@ -70,6 +70,19 @@ def test_a_license_only_where_the_metadata_states_one():
     text = "License: Copyright (c) 2020 Someone\n        Permission is hereby granted"
     assert _licenses(text, classifier) == (["BSD License"], "classifier")
     assert _licenses("License: UNKNOWN", "Classifier: License :: OSI Approved") == ([], None)
+    # a classifier that names one SPDX license gives its id; others stay names
+    mit = "Classifier: License :: OSI Approved :: MIT License"
+    lgpl = "Classifier: License :: OSI Approved :: GNU Lesser General Public License v3 (LGPLv3)"
+    found, source = resolved_sbom.licenses_of(_meta(text, mit, lgpl, classifier))
+    assert [(x.id, x.name) for x in found] == [
+        ("MIT", None),
+        ("LGPL-3.0-only", None),
+        (None, "BSD License"),
+    ]
+    assert source == "classifier"
+    from cyclonedx import spdx
+
+    assert [v for v in resolved_sbom.CLASSIFIER_SPDX.values() if not spdx.is_supported_id(v)] == []
     assert _licenses("Classifier: Programming Language :: Python") == ([], None)
 
 

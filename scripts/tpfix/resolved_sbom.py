@@ -18,8 +18,10 @@ SHA256SUMS (signed again with --sign-key, as tpfix.advisories does):
   * every component: the exact version, purl pkg:pypi/<name>@<version>, the
     sha256 of the wheel uv locked for the target and that wheel's URL, and a
     license where the wheel's core metadata states one: License-Expression,
-    else a short one-line License, else its `License ::` classifiers
-    (tpfix:license-source says which); none where it states none.  The
+    else a short one-line License (an SPDX id where it is one), else its
+    `License ::` classifiers (SPDX ids where a classifier names exactly one
+    license: CLASSIFIER_SPDX; names otherwise; tpfix:license-source says
+    which); none where it states none.  The
     metadata is read as PEP 658 publishes it (<wheel URL>.metadata, from the
     index uv resolved from), or where the index serves none, from the wheel's
     own METADATA by HTTP byte ranges (its central directory and that file,
@@ -218,9 +220,41 @@ def licenses_of(meta: Message) -> tuple[list, str | None]:
         if c.startswith("License ::") and c.strip() != "License :: OSI Approved"
     ]
     if names:
-        found = [DisjunctiveLicense(name=n, acknowledgement=declared) for n in dict.fromkeys(names)]
+        found = [
+            DisjunctiveLicense(id=CLASSIFIER_SPDX[n], acknowledgement=declared)
+            if n in CLASSIFIER_SPDX
+            else DisjunctiveLicense(name=n, acknowledgement=declared)
+            for n in dict.fromkeys(names)
+        ]
         return found, "classifier"
     return [], None
+
+
+# `License ::` classifiers that name exactly one SPDX license (their id);
+# the others (the "Apache Software License" and "BSD License" of any version
+# or clause count, say) stay names: an id would be a guess.
+CLASSIFIER_SPDX = {
+    "MIT License": "MIT",
+    "MIT No Attribution License (MIT-0)": "MIT-0",
+    "ISC License (ISCL)": "ISC",
+    "Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0",
+    "Python Software Foundation License": "PSF-2.0",
+    "The Unlicense (Unlicense)": "Unlicense",
+    "Zero-Clause BSD (0BSD)": "0BSD",
+    "Boost Software License 1.0 (BSL-1.0)": "BSL-1.0",
+    "Eclipse Public License 2.0 (EPL-2.0)": "EPL-2.0",
+    "zlib/libpng License": "Zlib",
+    "GNU General Public License v2 (GPLv2)": "GPL-2.0-only",
+    "GNU General Public License v2 or later (GPLv2+)": "GPL-2.0-or-later",
+    "GNU General Public License v3 (GPLv3)": "GPL-3.0-only",
+    "GNU General Public License v3 or later (GPLv3+)": "GPL-3.0-or-later",
+    "GNU Lesser General Public License v2 (LGPLv2)": "LGPL-2.0-only",
+    "GNU Lesser General Public License v2 or later (LGPLv2+)": "LGPL-2.0-or-later",
+    "GNU Lesser General Public License v3 (LGPLv3)": "LGPL-3.0-only",
+    "GNU Lesser General Public License v3 or later (LGPLv3+)": "LGPL-3.0-or-later",
+    "GNU Affero General Public License v3": "AGPL-3.0-only",
+    "GNU Affero General Public License v3 or later (AGPLv3+)": "AGPL-3.0-or-later",
+}
 
 
 def _applies(req, env: dict, extras: set[str]) -> bool:
