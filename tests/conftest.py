@@ -32,6 +32,7 @@ ONE_WORKER = {
     "test_bisect.py": "bug A's suites",
     "test_bug_b.py": "test_bug_b.py",
     "test_bug_c.py": "test_bug_c.py",
+    "test_doctor_deployments.py": "test_doctor_deployments.py",
     "test_image.py": "test_image.py",
     "test_start_line.py": "test_start_line.py",
     "test_upstream_port.py": "test_upstream_port.py",

@@ -94,7 +94,9 @@ def check_platform(arch: str) -> None:
             f"an image for {PLATFORMS[arch]} ({arch}) runs the base image's python3 in "
             f"the build, and this {host_arch()} host cannot run {arch} binaries "
             f"({entry} is missing or disabled): register the emulator (Debian: apt-get "
-            f"install qemu-user-static binfmt-support), or build the image on an {arch} host"
+            f"install qemu-user-static binfmt-support; in a container without {BINFMT} "
+            f"mounted, first: mount -t binfmt_misc binfmt_misc {BINFMT}), or build the "
+            f"image on an {arch} host"
         )
 
 
