@@ -28,10 +28,11 @@ nvidia-* packages.  uv finds it where pip does: in pip's find-links (pip
 config or PIP_FIND_LINKS; this machine's lies in /opt/wheels), or pass
 --find-links DIR.  Installing the locks needs the same file where pip looks.
 
---check (the fast tier runs it: tests/test_lock.py) needs no index: every pin
-of a lock carries a hash; the three locks agree; each lock's pins meet its
-input file's requirements, and the replay lock meets every line's common.txt
-(markers evaluated for the venv's Python and platform).
+--check (the fast tier runs it: tests/test_lock.py) resolves nothing (the
+lines' sdists come from the sha256-keyed cache): every pin of a lock carries
+a hash; the three locks agree; each lock's pins meet its input file's
+requirements, and the replay lock meets every line's common.txt (markers
+evaluated for the venv's Python and platform).
 """
 
 from __future__ import annotations
