@@ -10,8 +10,13 @@ ensure_venv() {
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     venv="$root/build/venv"
     py=${PYTHON:-python3}
-    if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-        echo "error: Python >= 3.11 is needed as \`$py\` (set PYTHON=...)" >&2
+    # the locks (ci/*.lock) are resolved for CPython 3.11 on x86_64 Linux
+    if ! "$py" -c 'import platform, sys
+sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != "x86_64")' 2>/dev/null; then
+        echo "error: build/venv is made from locks for CPython 3.11 on x86_64;" \
+            "\`$py\` is $("$py" -c 'import platform, sys; print(sys.version.split()[0], platform.machine())' 2>/dev/null || echo missing)" >&2
+        echo "  install python3.11 (Debian 12's python3) and run: rm -rf build/venv;" \
+            "PYTHON=python3.11 $0" >&2
         return 2
     fi
     if ! command -v quilt >/dev/null; then
@@ -31,6 +36,11 @@ ensure_venv() {
             --require-hashes -r "$f" >"$root/build/venv-install.log" 2>&1; then
             tail -n 20 "$root/build/venv-install.log" >&2
             echo "error: pip could not install $f into $venv (log above)" >&2
+            if grep -q "torch==2.13.0+cpu" "$root/build/venv-install.log"; then
+                echo "  the locks take PyTorch's CPU build, torch 2.13.0+cpu: let pip" \
+                    "find it (PIP_FIND_LINKS=<folder with its wheel>, or" \
+                    "PIP_EXTRA_INDEX_URL=<PyTorch's CPU wheel index>)" >&2
+            fi
             return 2
         fi
         touch "$venv/.installed-$sum"

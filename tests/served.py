@@ -37,10 +37,14 @@ class Served:
                     return super().do_GET()
                 data = path.read_bytes()
                 first, last = spec.removeprefix("bytes=").split("-")
-                start, end = (
-                    (len(data) - int(last), len(data) - 1) if not first else (int(first), int(last))
-                )
+                if not first:  # the last `last` bytes
+                    start, end = max(0, len(data) - int(last)), len(data) - 1
+                else:  # from `first` to `last` (the end when open)
+                    start, end = int(first), int(last) if last else len(data) - 1
                 end = min(end, len(data) - 1)
+                if start >= len(data):
+                    self.send_error(416)
+                    return None
                 self.send_response(206)
                 self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
                 self.send_header("Content-Length", str(end - start + 1))

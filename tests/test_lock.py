@@ -79,6 +79,14 @@ def test_locks_that_disagree_are_named(layers):
     )
 
 
+def test_a_package_pinned_twice_in_a_lock_is_refused(layers):
+    path = layers[2][1]
+    first = next(iter(lock.read_lock(path).values()))
+    path.write_text(path.read_text() + f"\n{first.name}==0.0.1 --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(Fail, match=f"requirements-test\\.lock: {first.name} is pinned twice"):
+        lock.problems()
+
+
 def test_a_pin_without_a_hash_is_refused(layers):
     path = layers[2][1]
     path.write_text(path.read_text() + "\nsomething==1.0\n")
@@ -91,10 +99,13 @@ def test_a_missing_lock_says_how_to_make_it(layers):
     assert lock.problems() == [f"{layers[1][1]} is missing: run python -m tpfix.maint.lock"]
 
 
-def test_markers_are_those_of_the_venvs_target():
-    reqs = lock.requirements(
+def test_markers_are_those_of_the_venvs_target(monkeypatch):
+    text = (
         'a >= 1; platform_machine == "s390x"\nb == 2; python_version > "3.11"\n'
-        "c >= 3  # comment\n-r other.txt\n",
-        "x",
+        "c >= 3  # comment\n-r other.txt\n"
+        'd == 4; python_full_version == "3.11.0" and platform_machine == "x86_64"\n'
     )
-    assert [str(r) for r in reqs] == ["c>=3"]
+    assert [str(r).split(";")[0] for r in lock.requirements(text, "x")] == ["c>=3", "d==4"]
+    # the target's markers, not this interpreter's
+    monkeypatch.setitem(lock.TARGET, "platform_machine", "s390x")
+    assert [str(r).split(";")[0] for r in lock.requirements(text, "x")] == ["a>=1", "c>=3"]

@@ -197,13 +197,13 @@ def space_errors(workdir: Path, dist: Path):
 def writable_folder(folder: Path, what: str, fix: str) -> None:
     """Create `folder` (and its parents) and check it takes files: Fail with
     one line naming it and `fix` where not (read-only mount, permissions)."""
-    blocker = next((p for p in [folder, *folder.parents] if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():  # a file where a folder goes
-        raise Fail(
-            f"{what} {folder} cannot be made: {blocker} is a file, not a folder; "
-            f"move that file away, or {fix}"
-        )
     try:
+        blocker = next((p for p in [folder, *folder.parents] if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():  # a file where a folder goes
+            raise Fail(
+                f"{what} {folder} cannot be made: {blocker} is a file, not a folder; "
+                f"move that file away, or {fix}"
+            )
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:

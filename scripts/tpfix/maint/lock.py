@@ -107,6 +107,8 @@ def read_lock(path: Path) -> dict[str, Pin]:
             raise Fail(
                 f"{shown(path)}: entry {n} is not `name==version --hash=sha256:...`: {line[:80]}"
             )
+        if canonicalize_name(m[1]) in pins:
+            raise Fail(f"{shown(path)}: {m[1]} is pinned twice")
         pins[canonicalize_name(m[1])] = Pin(m[1], m[2], hashes)
     return pins
 
