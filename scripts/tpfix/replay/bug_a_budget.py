@@ -14,6 +14,7 @@ from tpfix.replay.bug_a_starts import TOO_SMALL, ran_fused
 from tpfix.replay.device import new_process, setup, state
 from tpfix.replay.engine import (
     compile_plan,
+    compile_plans,
     draft_config,
     engine_config,
     forward_all,
@@ -117,11 +118,8 @@ def fused_ranges(
         target_hidden, draft_hidden, tp, max_num_batched_tokens, spec_method=spec_method
     )
     worker_init(cfg)
-    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
-    if spec_method == "draft_model":
-        dcfg = draft_config(cfg)
-        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
-    else:
+    plans = compile_plans(cfg, spec_method == "draft_model")
+    if spec_method != "draft_model":
         plans["draft"] = {**compile_plan(cfg, fusion_pass(cfg)), "hidden": draft_hidden}
     budget = tp_budget_elems(cfg)
     models = {}

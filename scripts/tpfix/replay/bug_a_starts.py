@@ -16,6 +16,7 @@ from typing import Any
 from tpfix.replay.device import CAPTURE_REFUSAL, new_process, setup, state
 from tpfix.replay.engine import (
     compile_plan,
+    compile_plans,
     draft_config,
     engine_config,
     forward,
@@ -95,9 +96,7 @@ def warm_start(
     cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
     # first (cold) run, which filled the cache
     worker_init(cfg)
-    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
-    if draft_hidden is not None:
-        plans["draft"] = compile_plan(draft_config(cfg), fusion_pass(draft_config(cfg)))
+    plans = compile_plans(cfg, draft_hidden is not None)
     # second run: new process, graphs come from the AOT cache
     new_process()
     worker_init(cfg)
@@ -180,10 +179,7 @@ def warm_start_capture_order(
     sizes = sorted(cc.cudagraph_capture_sizes or [], reverse=True)
     # the first (cold) run compiled both models and filled the AOT cache
     worker_init(cfg)
-    plans = {"target": compile_plan(cfg, fusion_pass(cfg))}
-    if draft_hidden is not None:
-        dcfg = draft_config(cfg)
-        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
+    plans = compile_plans(cfg, draft_hidden is not None)
     new_process()
     worker_init(cfg)  # the graphs come from the AOT cache: no pass
     steps = [("profile", max_num_batched_tokens)]

@@ -217,6 +217,17 @@ def fusion_pass(vllm_config):
     return fpass
 
 
+def compile_plans(vllm_config, draft: bool) -> dict:
+    """{"target": plan[, "draft": plan]}: each model compiled with its own
+    fusion pass, the target first, then (``draft``) the drafter with the
+    config DraftModelProposer makes for it."""
+    plans = {"target": compile_plan(vllm_config, fusion_pass(vllm_config))}
+    if draft:
+        dcfg = draft_config(vllm_config)
+        plans["draft"] = compile_plan(dcfg, fusion_pass(dcfg))
+    return plans
+
+
 def compile_plan(vllm_config, fpass) -> dict:
     """Which compile ranges get the fused op, and the max_token_num it bakes."""
     ranges = vllm_config.compilation_config.get_compile_ranges()
