@@ -44,7 +44,14 @@ def target(line: Line, arch: str) -> dict:
             f"{line.tag}: the official image's Python ({python}) or Ubuntu ({ubuntu}, "
             f"from the sdist's docker/Dockerfile) is not known; known: {sorted(UBUNTU_GLIBC)}"
         )
-    env = {
+    env = marker_env(python, arch)
+    return {"python": python, "platform": f"{arch}-manylinux_{UBUNTU_GLIBC[ubuntu]}", "env": env}
+
+
+def marker_env(python: str, arch: str) -> dict:
+    """The PEP 508 marker environment of CPython `python` (X.Y) on Linux
+    `arch`, with no extra asked for."""
+    return {
         "python_version": python,
         "python_full_version": f"{python}.0",
         "platform_machine": arch,
@@ -55,7 +62,6 @@ def target(line: Line, arch: str) -> dict:
         "platform_python_implementation": "CPython",
         "extra": "",
     }
-    return {"python": python, "platform": f"{arch}-manylinux_{UBUNTU_GLIBC[ubuntu]}", "env": env}
 
 
 def needed(wheel: Path, env: dict) -> set[str]:

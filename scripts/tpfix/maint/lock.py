@@ -54,6 +54,7 @@ from packaging.version import Version
 
 from tpfix.fetch import fetch_sdist
 from tpfix.lines import line_names, sdist_pin
+from tpfix.resolution import marker_env
 from tpfix.util import ROOT, Fail, main_wrapper, shown, write_atomic
 
 CI = ROOT / "ci"
@@ -64,17 +65,8 @@ LAYERS = [
 ]
 PYTHON = "3.11"
 PLATFORM = "x86_64-unknown-linux-gnu"
-# the markers of that target (tpfix.resolution evaluates the image's the same way)
-TARGET = {
-    "python_version": PYTHON,
-    "python_full_version": f"{PYTHON}.0",
-    "implementation_name": "cpython",
-    "platform_python_implementation": "CPython",
-    "sys_platform": "linux",
-    "platform_system": "Linux",
-    "platform_machine": "x86_64",
-    "os_name": "posix",
-}
+# the markers of that target
+TARGET = marker_env(PYTHON, "x86_64")
 HEADER = (
     "# SPDX-License-Identifier: Apache-2.0\n"
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution\n"
