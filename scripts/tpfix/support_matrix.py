@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tarfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -50,7 +49,7 @@ from tpfix.lines import (
     read_pin_file,
     read_version,
 )
-from tpfix.util import ROOT, Fail, main_wrapper, shown
+from tpfix.util import ROOT, Fail, main_wrapper, sdist_text, shown
 from tpfix.wheelfile import requirements, wheel_message
 
 README = ROOT / "README.md"
@@ -94,13 +93,9 @@ def wheel_facts(wheel: Path) -> dict[str, str]:
 def dockerfile_arg(sdist: Path, name: str) -> str | None:
     """The default of `ARG name=...` in the sdist's docker/Dockerfile (the one
     the official image is built from), or None where it has none."""
-    with tarfile.open(sdist) as tar:
-        member = next(
-            (m for m in tar.getmembers() if re.fullmatch(r"[^/]+/docker/Dockerfile", m.name)), None
-        )
-        if member is None:
-            return None
-        text = tar.extractfile(member).read().decode()
+    text = sdist_text(sdist, "docker/Dockerfile")
+    if text is None:
+        return None
     m = re.search(rf"^ARG {re.escape(name)}=(\S+)\s*$", text, re.M)
     return m.group(1) if m else None
 

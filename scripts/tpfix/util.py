@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,14 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def sdist_text(sdist: Path, rel: str) -> str | None:
+    """The text of the file `rel` (e.g. requirements/cuda.txt) under the
+    top folder of the sdist `sdist`, or None where it has none."""
+    with tarfile.open(sdist) as tar:
+        member = next((m for m in tar.getmembers() if m.name.partition("/")[2] == rel), None)
+        return None if member is None else tar.extractfile(member).read().decode()
 
 
 def free_bytes(folder: Path) -> int:

@@ -43,7 +43,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +52,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tpfix.fetch import fetch_sdist
-from tpfix.lines import line_names, sdist_pin
+from tpfix.lines import line_names
 from tpfix.resolution import marker_env
-from tpfix.util import ROOT, Fail, main_wrapper, shown, write_atomic
+from tpfix.util import ROOT, Fail, main_wrapper, sdist_text, shown, write_atomic
 
 CI = ROOT / "ci"
 # (input, lock) in install order
@@ -140,10 +139,10 @@ def unmet(reqs: list[Requirement], pins: dict[str, Pin], source: str, lock: Path
 def common_txt(tag: str) -> str:
     """requirements/common.txt of the line's pinned sdist (fetched into the
     sha256-keyed cache when missing)."""
-    pin = sdist_pin(tag)
-    with tarfile.open(fetch_sdist(tag)) as tar:
-        member = tar.extractfile(f"vllm-{pin.version}/requirements/common.txt")
-        return member.read().decode()
+    text = sdist_text(fetch_sdist(tag), "requirements/common.txt")
+    if text is None:
+        raise Fail(f"the {tag} sdist has no requirements/common.txt")
+    return text
 
 
 def problems() -> list[str]:

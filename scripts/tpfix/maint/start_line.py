@@ -53,7 +53,6 @@ import json
 import re
 import shutil
 import sys
-import tarfile
 from pathlib import Path
 
 from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
@@ -71,7 +70,7 @@ from tpfix.lines import (
 from tpfix.maint import lock, port_facts
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
-from tpfix.util import Fail, main_wrapper, shown, sigterm_as_interrupt
+from tpfix.util import Fail, main_wrapper, sdist_text, shown, sigterm_as_interrupt
 from tpfix.wheelfile import wheel_requirements
 
 
@@ -115,13 +114,9 @@ def wheel_cuda(wheel: Path, fallback: str) -> str:
 
 def _flashinfer_pin(sdist: Path) -> tuple[str, str] | None:
     """("flashinfer-python", version) that the sdist's requirements/cuda.txt pins."""
-    with tarfile.open(sdist) as tar:
-        member = next(
-            (m for m in tar.getmembers() if m.name.endswith("/requirements/cuda.txt")), None
-        )
-        if member is None:
-            return None
-        text = tar.extractfile(member).read().decode()
+    text = sdist_text(sdist, "requirements/cuda.txt")
+    if text is None:
+        return None
     m = re.search(r"^flashinfer-python==(\S+)", text, re.M)
     return ("flashinfer-python", m.group(1)) if m else None
 
