@@ -28,6 +28,14 @@ if [ ${#missing[@]} -gt 0 ]; then
         "tests, tests/test_image.py; git: the forward-port tests)" >&2
     exit 2
 fi
+emulator=$(ci/emulator.sh)
+if ! grep -qx enabled "/proc/sys/fs/binfmt_misc/$emulator" 2>/dev/null; then
+    echo "error: /proc/sys/fs/binfmt_misc/$emulator is not enabled: the other arch's" \
+        "image (tests/test_image_arches.py) runs its base's python3 under qemu" >&2
+    echo "  install (Debian/Ubuntu): apt-get install qemu-user-static binfmt-support" \
+        "(in a container first: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc)" >&2
+    exit 2
+fi
 # Python 3.11 exactly: bug C (tests/test_bug_c.py) exists only before 3.12,
 # and the build needs >= 3.11.  The venv's Python, or the one it would be made with.
 py=build/venv/bin/python

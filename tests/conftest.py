@@ -34,6 +34,7 @@ ONE_WORKER = {
     "test_bug_c.py": "test_bug_c.py",
     "test_doctor_deployments.py": "test_doctor_deployments.py",
     "test_image.py": "test_image.py",
+    "test_image_arches.py": "test_image_arches.py",
     "test_start_line.py": "test_start_line.py",
     "test_upstream_port.py": "test_upstream_port.py",
 }

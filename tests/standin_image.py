@@ -13,6 +13,10 @@ own index in the official image; here they are small fakes with the same
 names and versions (what the version checks read), and `fake_index` serves
 their 0.6.16.post4 builds the way that index does.
 
+One per arch (`arch`): the aarch64 one is the official aarch64 wheel on an
+arm64 rootfs, installed under the host's qemu emulator; `standin_list`
+joins them under one name, as the official image's tag does.
+
 Everything is cached by content: the rootfs under <cache>/images/, the image
 in the engine's local storage as localhost/vllm-standin-base:<key>.
 """
@@ -28,6 +32,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tpfix.fetch import fetch_test_dep, fetch_wheel
 from tpfix.lines import TAG, get_line
 from tpfix.patch import cached_tree
@@ -35,7 +41,18 @@ from tpfix.replay.harness import pinned_flashinfer
 from tpfix.util import cache_dir, host_arch
 
 SUITE = "bookworm"
-PACKAGES = ["python3", "python3-pip"]
+# Unpacked, not installed (mmdebstrap's `extract` variant: no maintainer
+# script runs, so another arch needs no emulator for it and it takes seconds):
+# python3 and pip with what they need, a shell for RUN, merged /usr like Ubuntu,
+# and a CA bundle where the official image has one (the host's: the image
+# build mounts it there, which must not add the path to our layer).
+PACKAGES = ["python3", "python3-pip", "dash", "coreutils", "base-files"]
+CA = "/etc/ssl/certs/ca-certificates.crt"
+MMDEBSTRAP = [
+    "--variant=extract",
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+    f'--extract-hook=mkdir -p "$1{Path(CA).parent}" && cp {CA} "$1{CA}"',
+]
 FI_OLD, FI_NEW = "0.6.16.post3", "0.6.16.post4"
 CUDA = "cu130"
 # Built reproducibly, like our image (fixed timestamps, no io.buildah.version
@@ -58,20 +75,68 @@ ENTRYPOINT ["vllm", "serve"]
 """
 
 
+def _need(tool: str, package: str) -> str:
+    exe = shutil.which(tool)
+    if not exe:
+        pytest.fail(f"`{tool}` not found: install it (Debian: apt-get install {package})")
+    return exe
+
+
+def _storage_works(exe: str) -> bool:
+    proc = subprocess.run([exe, "from", "scratch"], text=True, capture_output=True)
+    if proc.returncode != 0:
+        return False
+    ctr = proc.stdout.strip()
+    ok = subprocess.run([exe, "mount", ctr], capture_output=True).returncode == 0
+    subprocess.run([exe, "rm", ctr], capture_output=True)
+    return ok
+
+
+def buildah_exe() -> str:
+    """buildah, with a storage that works here (and mmdebstrap for the rootfs)."""
+    _need("mmdebstrap", "mmdebstrap")
+    exe = _need("buildah", "buildah")
+    if not _storage_works(exe):
+        # No overlay mounts here (e.g. nested in a container): vfs, slower, in
+        # its own graph root so that it does not clash with the overlay store.
+        conf = cache_dir() / "images" / "storage-vfs.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(
+            '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage-vfs"\n'
+            'graphroot = "/var/lib/containers/storage-vfs"\n'
+        )
+        os.environ["CONTAINERS_STORAGE_CONF"] = str(conf)
+        assert _storage_works(exe), "buildah can use neither overlay nor vfs storage"
+    return exe
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def rootfs() -> Path:
-    """Debian minbase + python3 + pip as a tar (mmdebstrap, ~30 s, cached)."""
-    key = _sha(f"{SUITE} {' '.join(PACKAGES)} {host_arch()}".encode())[:16]
+# Debian's name of each arch (mmdebstrap --arch)
+DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def rootfs(arch: str | None = None) -> Path:
+    """A Debian rootfs with python3 + pip as a tar for `arch` (default: the
+    host's; mmdebstrap, seconds, cached)."""
+    arch = arch or host_arch()
+    key = _sha(f"{SUITE} {' '.join(MMDEBSTRAP + PACKAGES)} {arch}".encode())[:16]
     dest = cache_dir() / "images" / f"rootfs-{SUITE}-{key}.tar"
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".tmp{os.getpid()}-{dest.name}"  # mmdebstrap: .tar -> a tarball
     proc = subprocess.run(
-        ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp)],
+        [
+            "mmdebstrap",
+            f"--arch={DEBIAN_ARCH[arch]}",
+            *MMDEBSTRAP,
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(tmp),
+        ],
         text=True,
         capture_output=True,
     )
@@ -131,7 +196,7 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
+def _inputs(ctx: Path, tag: str | None, arch: str) -> list[Path]:
     if tag is not None and tag != TAG:
         # vllm/vllm-openai of the newer lines (v0.33.0): the image fetches
         # FlashInfer's kernels with `flashinfer download-kernels` (its
@@ -141,8 +206,8 @@ def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
         line = get_line(tag)
         pristine = cached_tree(line, "")
         fi = fetch_test_dep("flashinfer-python", pinned_flashinfer(pristine))
-        return [fetch_wheel(host_arch(), tag), fi]
-    official = fetch_wheel(host_arch(), get_line().tag)
+        return [fetch_wheel(arch, tag), fi]
+    official = fetch_wheel(arch, get_line().tag)
     fi = fetch_test_dep("flashinfer-python", FI_OLD)
     made = [
         fake_wheel("flashinfer-cubin", FI_OLD, ctx),
@@ -151,14 +216,17 @@ def _inputs(ctx: Path, tag: str | None = None) -> list[Path]:
     return [official, fi, *made]
 
 
-def standin_base(buildah: str = "buildah", tag: str | None = None) -> str:
-    """localhost/vllm-standin-base:<content key>, built once; `tag`: another line's."""
-    fs = rootfs()
+def standin_base(buildah: str = "buildah", tag: str | None = None, arch: str | None = None) -> str:
+    """localhost/vllm-standin-base:<content key>, built once; `tag`: another
+    line's; `arch`: another arch's (linux/arm64 for aarch64: the official
+    aarch64 wheel on an arm64 rootfs, built under the host's emulator)."""
+    arch = arch or host_arch()
+    fs = rootfs(arch)
     with tempfile.TemporaryDirectory(dir=cache_dir() / "images") as tmp:
         ctx = Path(tmp)
-        inputs = _inputs(ctx, tag)
+        inputs = _inputs(ctx, tag, arch)
         key = hashlib.sha256(CONTAINERFILE.encode() + fs.name.encode())
-        key.update(" ".join(BUD_FLAGS).encode())
+        key.update(" ".join(BUD_FLAGS).encode() + arch.encode())
         for p in sorted(inputs, key=lambda p: p.name):
             key.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
         ref = f"localhost/vllm-standin-base:{key.hexdigest()[:16]}"
@@ -174,11 +242,26 @@ def standin_base(buildah: str = "buildah", tag: str | None = None) -> str:
                 _link(p, ctx / p.name)
         _link(fs, ctx / "rootfs.tar")
         (ctx / "Containerfile").write_text(CONTAINERFILE)
+        platform = [] if arch == host_arch() else ["--platform", f"linux/{DEBIAN_ARCH[arch]}"]
         proc = subprocess.run(
-            [buildah, "bud", "--isolation", "chroot", *BUD_FLAGS, "-t", ref, str(ctx)],
+            [buildah, "bud", "--isolation", "chroot", *BUD_FLAGS, *platform, "-t", ref, str(ctx)],
             text=True,
             capture_output=True,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"stand-in base build failed:\n{proc.stdout[-3000:]}{proc.stderr}")
+    return ref
+
+
+def standin_list(buildah: str, arches: list[str], tag: str | None = None) -> str:
+    """One name for the stand-ins of `arches`, as vllm/vllm-openai:<tag> is
+    one name for both platforms: a manifest list in local storage over
+    standin_base(..., arch) each, localhost/vllm-standin-base:list-<key>."""
+    refs = [standin_base(buildah, tag, arch) for arch in arches]
+    key = _sha(" ".join(refs).encode())[:16]
+    ref = f"localhost/vllm-standin-base:list-{key}"
+    if subprocess.run([buildah, "manifest", "exists", ref], capture_output=True).returncode == 0:
+        return ref
+    for cmd in (["create", ref], *(["add", ref, r] for r in refs)):
+        subprocess.run([buildah, "manifest", *cmd], capture_output=True, check=True)
     return ref

@@ -40,7 +40,7 @@ from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.lines import TAG, get_line, image_tag, read_version
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
-from tpfix.util import ROOT, Fail, cache_dir, host_arch
+from tpfix.util import ROOT, Fail, host_arch
 from tpfix.verify import touched_files
 
 # builds a Debian rootfs, a stand-in base image and our image (buildah)
@@ -49,39 +49,9 @@ pytestmark = pytest.mark.slow
 SITE_GLOB = "usr/local/lib/python3*/dist-packages"
 
 
-def _need(tool: str, package: str) -> str:
-    exe = shutil.which(tool)
-    if not exe:
-        pytest.fail(f"`{tool}` not found: install it (Debian: apt-get install {package})")
-    return exe
-
-
-def _storage_works(exe: str) -> bool:
-    proc = subprocess.run([exe, "from", "scratch"], text=True, capture_output=True)
-    if proc.returncode != 0:
-        return False
-    ctr = proc.stdout.strip()
-    ok = subprocess.run([exe, "mount", ctr], capture_output=True).returncode == 0
-    subprocess.run([exe, "rm", ctr], capture_output=True)
-    return ok
-
-
 @pytest.fixture(scope="module")
 def buildah() -> str:
-    _need("mmdebstrap", "mmdebstrap")
-    exe = _need("buildah", "buildah")
-    if not _storage_works(exe):
-        # No overlay mounts here (e.g. nested in a container): vfs, slower, in
-        # its own graph root so that it does not clash with the overlay store.
-        conf = cache_dir() / "images" / "storage-vfs.conf"
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.write_text(
-            '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage-vfs"\n'
-            'graphroot = "/var/lib/containers/storage-vfs"\n'
-        )
-        os.environ["CONTAINERS_STORAGE_CONF"] = str(conf)
-        assert _storage_works(exe), "buildah can use neither overlay nor vfs storage"
-    return exe
+    return standin_image.buildah_exe()
 
 
 @pytest.fixture(scope="module")
@@ -494,6 +464,30 @@ def test_another_arch_without_an_emulator_stops_before_any_download(tmp_path, mo
     image_engine.check_platform(host_arch())
 
 
+def test_all_arches_check_every_platform_and_the_engine_before_any_download(tmp_path, monkeypatch):
+    """./build.sh --arch all --image: every arch's platform, then an engine
+    that can make a manifest list (buildah, podman; not docker), each checked
+    before anything is fetched.  /proc/sys/fs/binfmt_misc and the docker
+    engine are simulated."""
+    from tpfix import pipeline
+
+    other = "aarch64" if host_arch() == "x86_64" else "x86_64"
+    monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
+    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
+    docker = image_engine.Engine("docker", "/usr/bin/docker", buildx=True)
+    monkeypatch.setattr(image, "detect_engine", lambda prefer: docker)
+    argv = ["pipeline", "--image", "--arch", "all", "--dist", str(tmp_path / "dist")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
+    with pytest.raises(Fail, match=f"{image_engine.EMULATORS[other]} is missing or disabled"):
+        pipeline.main()
+    (tmp_path / image_engine.EMULATORS[other]).write_text("enabled\ninterpreter /usr/bin/qemu\n")
+    with pytest.raises(Fail) as e:
+        pipeline.main()
+    assert "--arch all makes a manifest list, which needs buildah or podman" in str(e.value)
+    assert "docker buildx imagetools create" in str(e.value)
+    assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
+
+
 def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
     """find_wheel (host) and image_inside.check_wheel (in the build) pick the one
     top-level vllm-*.whl line among SBOM, provenance and index entries; none, two,
@@ -689,7 +683,8 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     b = dataclasses.replace(built, dist=dist, archive=None)
     paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
     inv = image_engine.image_inventory(built.engine, built.ref, base)
-    name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
+    name = image.file_name(built.ref, host_arch())  # one arch's: <name>-<arch>
+    assert name.endswith(f"-{host_arch()}") and built.tag == built.ref
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [
         f"image/{name}.cdx.json",
         f"image/{name}.provenance.json",

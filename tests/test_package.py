@@ -85,6 +85,63 @@ def test_both_arches_share_one_dist_and_one_index(tmp_path: Path):
     check_sums(dist)
 
 
+IMAGE_FILES = (".tar", ".cdx.json", ".provenance.json")  # tpfix.image's, per arch
+
+
+def _add_image(dist: Path, arch: str | None, name: str = "vllm-openai-v0.27.1-tpfix.3") -> set:
+    """What tpfix.image adds for one arch's image (`arch`), or for the
+    manifest list over both (None), with its replacement rule."""
+    if arch is None:
+        texts = {
+            Path("image", f"{name}.oci.tar"): "list",
+            Path("image", f"{name}.provenance.json"): "{}",
+        }
+        package.add_to_dist(dist, texts)
+    else:
+        texts = {Path("image", f"{name}-{arch}{s}"): arch for s in IMAGE_FILES}
+        package.add_to_dist(dist, texts, replacing=package.replaced_by_image(arch))
+    return {p.as_posix() for p in texts}
+
+
+@pytest.mark.slow  # package stages (about a second each)
+def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
+    """./build.sh --arch all --image into one dist, then one arch again: the
+    image files are per arch (package.image_arch), an image of one arch or
+    its wheel built again replaces that arch's and the manifest list's, the
+    other arch's stay, listed and on disk; a newer revision drops them all.
+    The package stage's real code on tiny wheels, image files written as
+    tpfix.image names them (their content does not matter here)."""
+    version = "0.27.1+tpfix.3"
+    publish_small(tmp_path, version, arch="x86_64")
+    dist = publish_small(tmp_path, version, arch="aarch64")[0]
+    x86, arm, lst = _add_image(dist, "x86_64"), _add_image(dist, "aarch64"), _add_image(dist, None)
+
+    def images() -> set:
+        on_disk = {p.relative_to(dist).as_posix() for p in (dist / "image").glob("*")}
+        assert {p for p in sums(dist) if p.startswith("image/")} == on_disk
+        return on_disk
+
+    assert images() == x86 | arm | lst
+    check_sums(dist)
+    assert {package.image_arch(Path(p)) for p in x86} == {"x86_64"}
+    assert {package.image_arch(Path(p)) for p in lst} == {None}
+    # the x86_64 image again: its own files are replaced, the list's go, arm's stay
+    _add_image(dist, "x86_64")
+    assert {p for p in sums(dist) if p.startswith("image/")} == x86 | arm
+    _add_image(dist, None)
+    # the aarch64 wheel again, same revision: its image and the list go (they
+    # name the image of the wheel it replaces), x86_64's stay
+    shutil.rmtree(tmp_path / "staging")  # a fresh one, as each build has (pipeline.staged)
+    publish_small(tmp_path, version, arch="aarch64")
+    assert images() == x86
+    check_sums(dist)
+    # a newer revision of one arch: every image file of the older goes
+    shutil.rmtree(tmp_path / "staging")
+    publish_small(tmp_path, "0.27.1+tpfix.4", arch="x86_64")
+    assert images() == set()
+    check_sums(dist)
+
+
 def test_a_missing_tool_is_named_before_any_download(monkeypatch):
     from tpfix import pipeline
 

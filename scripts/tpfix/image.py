@@ -51,12 +51,15 @@ from tpfix.image_engine import (
     PLATFORMS,
     Engine,
     build_cmd,
+    check_list_engine,
     check_platform,
     detect_engine,
     image_inventory,
     inspect,
+    make_list,
     run_build,
     save_archive,
+    save_list,
 )
 from tpfix.lines import (
     Line,
@@ -69,7 +72,14 @@ from tpfix.lines import (
     read_version,
     wheel_arches,
 )
-from tpfix.package import add_to_dist, check_signer, find_wheel, wheel_entry
+from tpfix.package import (
+    IMAGE,
+    add_to_dist,
+    check_signer,
+    find_wheel,
+    replaced_by_image,
+    wheel_entry,
+)
 from tpfix.patch_format import read_series, series_digest
 from tpfix.util import (
     ROOT,
@@ -204,7 +214,7 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
 
 @dataclass
 class Built:
-    ref: str
+    ref: str  # in the engine's local storage
     engine: Engine
     archive: Path | None
     output: str
@@ -212,6 +222,16 @@ class Built:
     dist: Path
     ctx: Path
     epoch: int  # the SOURCE_DATE_EPOCH it was built with
+    tag: str = ""  # the image's name (the manifest list's, with --arch all)
+    arch: str = ""
+
+
+def file_name(tag: str, arch: str | None = None) -> str:
+    """The name of an image's files in <dist>/image/: its tag's last part with
+    `:` as `-`, then `-<arch>` for one arch's image (package.image_arch), none
+    for the manifest list over all of them."""
+    name = tag.rsplit("/", 1)[-1].replace(":", "-")
+    return f"{name}-{arch}" if arch else name
 
 
 def build_image(
@@ -222,20 +242,26 @@ def build_image(
     archive_dir: Path | None = None,
     engine: str = "auto",
     ctx: Path | None = None,
+    arch_in_ref: bool = False,
 ) -> Built:
-    """The image of `release` on `base` (default: the line's official image)."""
-    dist = release.dist
+    """The image of `release` on `base` (default: the line's official image),
+    for the release's arch; named `tag`, or `<tag>-<arch>` with `arch_in_ref`
+    (one of the images a manifest list `tag` joins)."""
+    dist, arch = release.dist, release.arch
     base = base or release.line.official_image
     ctx = ctx or context_dir(dist)
     eng = detect_engine(engine)
     tag = tag or image_tag(release.version)
+    ref = f"{tag}-{arch}" if arch_in_ref else tag
     _step(f"image: stage the build context in {ctx}")
     args = stage_context(release, ctx)
     args.update(BASE_IMAGE=base, FLASHINFER_INDEX_URL=flashinfer_index)
     epoch = release.epoch
-    _step(f"image: build {tag} on {base} ({eng.name}, SOURCE_DATE_EPOCH={epoch})")
+    _step(
+        f"image: build {ref} ({PLATFORMS[arch]}) on {base} ({eng.name}, SOURCE_DATE_EPOCH={epoch})"
+    )
     t0 = time.monotonic()
-    cmd = build_cmd(eng, DOCKERFILE, ctx, tag, args, epoch, release.arch)
+    cmd = build_cmd(eng, DOCKERFILE, ctx, ref, args, epoch, arch)
     out = run_build(eng, cmd, ctx.parent / "image.log")
     seconds = time.monotonic() - t0
     for said in out.splitlines():
@@ -243,10 +269,10 @@ def build_image(
             print(said, file=sys.stderr)
     archive = None
     if eng.daemonless and archive_dir is not None:
-        name = tag.rsplit("/", 1)[-1].replace(":", "-")
-        _step(f"image: write {archive_dir / (name + '.tar')}")
-        archive = save_archive(eng, tag, archive_dir / f"{name}.tar")
-    return Built(tag, eng, archive, out, seconds, dist, ctx, epoch)
+        path = archive_dir / f"{file_name(tag, arch)}.tar"
+        _step(f"image: write {path}")
+        archive = save_archive(eng, ref, path)
+    return Built(ref, eng, archive, out, seconds, dist, ctx, epoch, tag, arch)
 
 
 def describe_image(
@@ -265,11 +291,11 @@ def describe_image(
     epoch = built.epoch
     inv = image_inventory(built.engine, built.ref, base)
     version = release.version
-    name = built.ref.rsplit("/", 1)[-1].replace(":", "-")
+    name = file_name(built.tag, built.arch)
     wheel_c = wheel_sbom.wheel_component(wheel, line, sdist, official)
     platform = PLATFORMS[release.arch]
     bom = image_sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
-    folder = Path("image")
+    folder = Path(IMAGE)
     texts = {folder / f"{name}.cdx.json": sbom.dumps(bom)}
     subjects = [(built.ref, inv["image"]["config_digest"])]
     if built.archive is not None:
@@ -297,7 +323,67 @@ def describe_image(
         )
     archive = built.archive
     also = [folder / archive.name] if archive and archive.parent == dist / folder else []
-    written = add_to_dist(dist, texts, also, replacing="image", signer=signer)
+
+    replacing = replaced_by_image(built.arch)  # and the manifest list's files
+    written = add_to_dist(dist, texts, also, replacing=replacing, signer=signer)
+    return written + [dist / p for p in also]
+
+
+@dataclass
+class BuiltList:
+    ref: str  # the manifest list in local storage
+    archive: Path | None  # its OCI archive
+    index: dict | None  # the OCI image index in it, with its "digest"
+
+
+def build_list(builts: list[Built], archive_dir: Path | None) -> BuiltList:
+    """The manifest list `<tag>` over the images of one build (one per arch)
+    in the engine's local storage, and with `archive_dir` its OCI archive
+    there, `<name>.oci.tar`: what `docker pull` of a pushed copy picks from."""
+    first = builts[0]
+    eng, tag = first.engine, first.tag
+    _step(f"image: manifest list {tag} over {', '.join(b.ref for b in builts)}")
+    make_list(eng, tag, [b.ref for b in builts])
+    if archive_dir is None:
+        return BuiltList(tag, None, None)
+    path = archive_dir / f"{file_name(tag)}.oci.tar"
+    _step(f"image: write {path}")
+    archive, index = save_list(eng, tag, path, first.epoch)
+    return BuiltList(tag, archive, index)
+
+
+def describe_list(lst: BuiltList, builts: list[Built], release: Release, signer=None) -> list[Path]:
+    """The provenance of the manifest list's OCI archive in <dist>/image/
+    (signed by `signer`), then SHA256SUMS with both added.  Subjects: the
+    list by its OCI image index digest, and the archive.  Resolved
+    dependencies: each arch's image by its manifest digest in the list (with
+    its platform) and the provenance that describes it (its config digest)."""
+    from tpfix import attest
+
+    dist, folder = builts[0].dist, Path(IMAGE)
+    by_platform = {PLATFORMS[b.arch]: b for b in builts}
+    deps = []
+    for entry in lst.index["manifests"]:
+        plat = f"{entry['platform']['os']}/{entry['platform']['architecture']}"
+        b = by_platform[plat]
+        deps.append(attest.resource_descriptor(b.ref, entry["digest"], platform=plat))
+        deps.append(attest.file_dep(dist / folder / f"{file_name(b.tag, b.arch)}.provenance.json"))
+    external = {
+        "command": attest.build_command(),
+        "line": release.line.tag,
+        "platforms": sorted(by_platform),
+        "version": release.version,
+    }
+    subjects = [(lst.ref, lst.index["digest"]), (lst.archive.name, sha256_file(lst.archive))]
+    stmt = attest.statement("image-list", subjects, external, deps, builts[0].epoch)
+    statement = folder / f"{file_name(lst.ref)}.provenance.json"
+    texts = {statement: attest.dumps(stmt)}
+    if signer is not None:
+        texts[folder / attest.signed_name(statement.name)] = attest.sign(
+            texts[statement].encode(), signer
+        )
+    also = [folder / lst.archive.name] if lst.archive.parent == dist / folder else []
+    written = add_to_dist(dist, texts, also, signer=signer)
     return written + [dist / p for p in also]
 
 
@@ -355,24 +441,52 @@ def add_image_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--no-archive", action="store_true", help="keep the image in local storage only")
 
 
-def image_from_args(args: argparse.Namespace, release: Release) -> Built:
-    dist = release.dist
-    built = build_image(
-        release,
-        base=args.base,
-        tag=args.tag,
-        flashinfer_index=args.flashinfer_index,
-        archive_dir=None if args.no_archive else (args.image_dir or dist / "image"),
-        engine=args.engine,
-    )
-    print(built.ref)
-    if built.archive:
-        print(built.archive)
-    _step("image: SBOM, provenance" + (" (signed)" if args.signer else ""))
-    base = args.base or release.line.official_image
-    for path in describe_image(built, release, base, args.signer, args.flashinfer_index):
-        print(path)
-    return built
+def image_from_args(args: argparse.Namespace, releases: list[Release]) -> list[Built]:
+    """The image of each release (one per arch), with its SBOM and provenance;
+    for more than one, each named `<tag>-<arch>` and a manifest list `<tag>`
+    over them (--arch all)."""
+    dist = releases[0].dist
+    archive_dir = None if args.no_archive else (args.image_dir or dist / IMAGE)
+    base = args.base or releases[0].line.official_image
+    builts = []
+    for release in releases:
+        built = build_image(
+            release,
+            base=args.base,
+            tag=args.tag,
+            flashinfer_index=args.flashinfer_index,
+            archive_dir=archive_dir,
+            engine=args.engine,
+            arch_in_ref=len(releases) > 1,
+        )
+        print(built.ref)
+        if built.archive:
+            print(built.archive)
+        _step("image: SBOM, provenance" + (" (signed)" if args.signer else ""))
+        for path in describe_image(built, release, base, args.signer, args.flashinfer_index):
+            print(path)
+        builts.append(built)
+    if len(builts) > 1:
+        lst = build_list(builts, archive_dir)
+        print(lst.ref)
+        if lst.archive is None:
+            _step(
+                f"image: {lst.ref} is in local storage only (--no-archive): push it with "
+                f"`{builts[0].engine.name} manifest push --all {lst.ref} docker://...`"
+            )
+        else:
+            for path in describe_list(lst, builts, releases[0], args.signer):
+                print(path)
+    return builts
+
+
+def check_image_args(args: argparse.Namespace, arches: list[str]) -> None:
+    """Before any download: this host can build each arch's image, and with
+    more than one, the engine can join them in a manifest list."""
+    for arch in arches:
+        check_platform(arch)
+    if len(arches) > 1:
+        check_list_engine(detect_engine(args.engine))
 
 
 def main() -> None:
@@ -382,7 +496,10 @@ def main() -> None:
     add_image_args(ap)
     add_sign_arg(ap)
     ap.add_argument(
-        "--arch", choices=wheel_arches(), help="the wheel of dist/ (default: its only one)"
+        "--arch",
+        choices=[*wheel_arches(), "all"],
+        help="the wheel of dist/ (default: its only one); all: an image of each "
+        "arch's wheel and a manifest list over them",
     )
     ap.add_argument("--measure", action="store_true", help="compare our layer with a reinstall")
     args = ap.parse_args()
@@ -391,10 +508,14 @@ def main() -> None:
     args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
+    arches = wheel_arches(line.tag) if args.arch == "all" else [args.arch]
+    if args.arch == "all":
+        check_image_args(args, arches)
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
         check_signer(args.dist, args.signer)  # its files go into a signed dist/
-        built = image_from_args(args, release_in(args.dist, line, args.arch))
+        releases = [release_in(args.dist, line, arch) for arch in arches]
+        built = image_from_args(args, releases)[0]
     if args.measure:
         sizes = measure(built, args.base or line.official_image)
         print(f"layers added to the base: {sizes.pop('layers added')}")

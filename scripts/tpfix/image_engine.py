@@ -12,9 +12,10 @@ build command (build_cmd: reproducible with `epoch`: buildah / podman
 SOURCE_DATE_EPOCH=N`, and with buildx `--output type=docker,rewrite-timestamp=true`
 in place of `--load`), running it (run_build: image_inside.py's error, not the
 engine's noise), reading an image back (inspect), writing a docker-archive
-(save_archive), and `image_inventory`: what the built image holds (base
-digest, config and layer digests, every Python distribution) for its SBOM
-(tpfix.image_sbom).
+(save_archive), a manifest list over one image per arch (make_list, and
+save_list: an OCI archive of it, reproducible), and `image_inventory`: what
+the built image holds (base digest, config and layer digests, every Python
+distribution) for its SBOM (tpfix.image_sbom).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 
-from tpfix.util import Fail, host_arch, run
+from tpfix.util import PARTIAL, Fail, host_arch, run
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -185,7 +188,7 @@ def inspect(eng: Engine, ref: str) -> dict:
 def save_archive(eng: Engine, ref: str, out: Path) -> Path:
     """A docker-archive (`docker load -i` / `podman load -i`), written atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
+    tmp = out.parent / f".{out.name}{PARTIAL}"  # a killed run's: pipeline.clear_staging
     tmp.unlink(missing_ok=True)
     if eng.name == "buildah":
         cmd = [eng.exe, "push", "--quiet", ref, f"docker-archive:{tmp}:{ref}"]
@@ -197,6 +200,68 @@ def save_archive(eng: Engine, ref: str, out: Path) -> Path:
         raise Fail(f"could not write {out}: {proc.stderr.strip()[-2000:]}")
     os.replace(tmp, out)
     return out
+
+
+# --- the manifest list over one image per arch --------------------------------------
+
+
+def check_list_engine(eng: Engine) -> None:
+    """Before any work: the manifest list is made in buildah's or podman's
+    local storage; docker keeps lists only in a registry."""
+    if eng.name == "docker":
+        raise Fail(
+            "--arch all makes a manifest list, which needs buildah or podman "
+            "(--engine buildah); with docker, build each arch (--arch x86_64, "
+            "--arch aarch64), push both and join them where you push: "
+            "docker buildx imagetools create -t NAME IMAGE-x86_64 IMAGE-aarch64"
+        )
+
+
+def make_list(eng: Engine, ref: str, images: list[str]) -> None:
+    """The manifest list `ref` in local storage over `images` (one per
+    platform, each entry gets its image's platform).  An image or list of an
+    earlier build that holds the name gives it up first."""
+    check_list_engine(eng)
+    run([eng.exe, "manifest", "rm", ref])  # a list of that name: gone, or none
+    run([eng.exe, "rmi", ref])  # an image of that name: untagged, or none
+    for cmd in (["create", ref], *(["add", ref, image] for image in images)):
+        proc = run([eng.exe, "manifest", *cmd])
+        if proc.returncode != 0:
+            raise Fail(f"{eng.name} manifest {' '.join(cmd)}: {proc.stderr.strip()[-2000:]}")
+
+
+def save_list(eng: Engine, ref: str, out: Path, epoch: int) -> tuple[Path, dict]:
+    """The manifest list `ref` with all its images as an OCI image layout in
+    one tar (`skopeo copy --all oci-archive:OUT docker://...`, `podman load
+    -i`), written atomically; returns it and the OCI image index it holds.
+    Reproducible: the engine writes the layout (gzip layers, digests fixed by
+    content), the tar holds its files sorted, owned by root, at `epoch`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # PARTIAL in its name: a killed run's is removed by the next (pipeline.clear_staging)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}{PARTIAL}", dir=out.parent) as tmp:
+        layout = Path(tmp) / "layout"
+        proc = run(
+            [eng.exe, "manifest", "push", "--all", "--format", "oci", "--quiet"]
+            + [ref, f"oci:{layout}:{ref}"]
+        )
+        if proc.returncode != 0:
+            raise Fail(f"could not write {out}: {proc.stderr.strip()[-2000:]}")
+        top = json.loads((layout / "index.json").read_text())["manifests"][0]
+        blob = layout / "blobs" / Path(*top["digest"].split(":", 1))
+        index = {"digest": top["digest"], **json.loads(blob.read_text())}
+        part = Path(tmp) / "archive.tar"
+        with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(layout.rglob("*")):
+                info = tar.gettarinfo(path, path.relative_to(layout).as_posix())
+                info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+                info.mode = 0o755 if path.is_dir() else 0o644
+                if path.is_file():
+                    with path.open("rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+        os.replace(part, out)
+    return out, index
 
 
 # --- inventory (for an SBOM) -------------------------------------------------------
@@ -269,7 +334,7 @@ def _python_dists(eng: Engine, ref: str) -> list[dict]:
 def image_inventory(eng: Engine, ref: str, base: str) -> dict:
     """What the built image `ref` holds, read from the image itself (for an SBOM):
 
-    {"base": {"name": base, "digest": "sha256:..." or None},
+    {"base": {"name": base, "digest": "sha256:..." or None},  (the one built on)
      "image": {"ref": ref, "config_digest": "sha256:...", "layers": ["sha256:...", ...]},
      "python": [{"name", "version", "location"}, ...]}
 
@@ -289,8 +354,11 @@ def image_inventory(eng: Engine, ref: str, base: str) -> dict:
         config_digest, layers = d["Id"], d["RootFS"]["Layers"]
         if not config_digest.startswith("sha256:"):
             config_digest = "sha256:" + config_digest
+    # The base the build resolved (buildah, podman record it): of a multi-arch
+    # base name, the image of the built platform, not of the host's.
+    resolved = (d.get("ImageAnnotations") or {}).get("org.opencontainers.image.base.digest")
     return {
-        "base": {"name": base, "digest": _base_digest(eng, base)},
+        "base": {"name": base, "digest": resolved or _base_digest(eng, base)},
         "image": {"ref": ref, "config_digest": config_digest, "layers": list(layers)},
         "python": _python_dists(eng, ref),
     }

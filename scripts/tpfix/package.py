@@ -18,8 +18,10 @@ the folder), then writes SHA256SUMS
 (atomically too), then removes what the old SHA256SUMS listed and the new
 one does not (an older wheel's files, the image files of an older wheel)
 and any other vllm-* file.  The wheel of the same version for the other
-arch (./build.sh --arch aarch64 into the same dist) stays, with its files:
-SHA256SUMS and simple/ list both arches.  So every file in dist/ is always whole, old
+arch (./build.sh --arch aarch64 into the same dist) stays, with its files
+and its image's (image/<name>-<arch>.*, image_arch): SHA256SUMS and simple/
+list both arches.  The manifest list over both images (tpfix.image) goes:
+it names the image of the arch built again.  So every file in dist/ is always whole, old
 bytes or new, never part of either; SHA256SUMS changes only once all it
 lists is in place.  A run killed between two moves leaves a mix of old and
 new files, which `sha256sum -c SHA256SUMS` reports; the next build replaces
@@ -32,7 +34,7 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tpfix.lines import Line, get_line, line_names, read_version, wheel_arches
@@ -40,6 +42,7 @@ from tpfix.util import Fail, add_sign_arg, link_or_copy, sha256_file, write_atom
 from tpfix.wheelfile import wheel_arch
 
 SUMS = "SHA256SUMS"
+IMAGE = "image"  # dist's folder of the image files (tpfix.image)
 VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance
 
 
@@ -132,22 +135,42 @@ def add_to_dist(
     dist: Path,
     texts: dict[Path, str],
     also: list[Path] = (),
-    replacing: str | None = None,
+    replacing: Callable[[Path], bool] | None = None,
     signer=None,
 ) -> list[Path]:
     """Write `texts` ({path relative to dist: content}) into dist/, each
     atomically, then SHA256SUMS with them and the files `also` names added,
-    signed again by `signer`; entries under the folder `replacing` that are
-    not among them leave the list (the image's files of an older build).
-    Returns the paths written.  A signed dist needs the signer: without it,
-    nothing is written."""
+    signed again by `signer`; listed entries for which `replacing` is true
+    and that are not among them leave the list (the image's files of an older
+    build).  Returns the paths written.  A signed dist needs the signer:
+    without it, nothing is written."""
     check_signer(dist, signer)
     for rel, text in texts.items():
         write_atomic(dist / rel, text)
     new = {*texts, *also}
-    kept = [p for p in listed(dist) if p not in new and not (replacing and p.parts[0] == replacing)]
+    kept = [p for p in listed(dist) if p not in new and not (replacing and replacing(p))]
     write_sums(dist, [*kept, *new], signer)
     return [dist / rel for rel in texts]
+
+
+_IMAGE_FILE = re.compile(
+    r"^.+-(?P<arch>[a-z0-9_]+)\.(tar|cdx\.json|provenance\.json|intoto\.jsonl)$"
+)
+
+
+def image_arch(rel: Path) -> str | None:
+    """The arch of one arch's image file in dist/image/ (tpfix.image names them
+    `<name>-<arch>.tar`, `.cdx.json`, `.provenance.json`, `.intoto.jsonl`);
+    None for the manifest list's files (`<name>.oci.tar`, ...) and the rest."""
+    m = _IMAGE_FILE.match(rel.name)
+    return m["arch"] if m and m["arch"] in wheel_arches() else None
+
+
+def replaced_by_image(arch: str) -> Callable[[Path], bool]:
+    """Which listed files a new image of `arch` replaces (add_to_dist): that
+    arch's image files of an older build, and the manifest list's (it names
+    the image being replaced); the other arch's image files stay."""
+    return lambda rel: rel.parts[0] == IMAGE and image_arch(rel) in (arch, None)
 
 
 _SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
@@ -254,6 +277,8 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     before = set(listed(dist))
     others = {p.name for p in extras if p.suffix == ".whl"}
     kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
+    kept_arches = {wheel_arch(Path(name)) for name in others}
+    kept += [p for p in before if p.parts[0] == IMAGE and image_arch(p) in kept_arches]
     final = dist / wheel.name
     os.replace(wheel, final)
     tops = {Path(p.parts[0]) for p in extras}
@@ -272,7 +297,7 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     write_sums(dist, now, signer)
     for rel in before - set(now):
         (dist / rel).unlink(missing_ok=True)
-    keep = {final.name, *(str(t) for t in tops), *(p.name for p in kept)}
+    keep = {final.name, *(str(t) for t in tops), *(p.name for p in kept if len(p.parts) == 1)}
     for old in dist.glob("vllm-*"):
         if old.name not in keep and old.is_file():
             old.unlink()

@@ -4,10 +4,12 @@
 
     ./build.sh                      # wheel for this machine's arch into dist/
     ./build.sh --arch aarch64       # the other official arch (nothing compiles)
+    ./build.sh --arch all           # each arch the line pins, into one dist
     ./build.sh --dist DIR           # somewhere else than dist/
     ./build.sh --line v0.33.0       # another release line (patches/v0.33.0/) into dist/v0.33.0/
     ./build.sh --no-cache           # build even when nothing changed (wheel_cache)
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
+    ./build.sh --arch all --image   # an image per arch and a manifest list over them
 
 Work happens under build/ (a fresh patched tree per run, logs) and in a
 hidden staging folder inside dist/ (`dist/.staging-<pid>-*`): on dist's own
@@ -229,7 +231,10 @@ def clear_staging(dist: Path) -> None:
         folders |= {dist / rel.parent for rel in listed(dist)}
     for folder in folders:
         for partial in folder.glob(f".*{PARTIAL}*"):
-            partial.unlink(missing_ok=True)
+            if partial.is_dir():  # image_engine.save_list's layout
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -378,11 +383,16 @@ def _build_and_verify(
 
 def main() -> None:
     # the optional image stage
-    from tpfix.image import add_image_args, image_from_args
-    from tpfix.image_engine import check_platform
+    from tpfix.image import add_image_args, check_image_args, image_from_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default=host_arch(), choices=wheel_arches())
+    ap.add_argument(
+        "--arch",
+        default=host_arch(),
+        choices=[*wheel_arches(), "all"],
+        help="the wheel's arch (default: this machine's); all: each arch the "
+        "line pins, into one dist (with --image: an image each and a manifest list)",
+    )
     ap.add_argument(
         "--line",
         choices=line_names(),
@@ -403,23 +413,27 @@ def main() -> None:
     add_image_args(ap)
     args = ap.parse_args()
     check_tools()
-    if args.image:
-        check_platform(args.arch)  # before any download
     from tpfix.attest import signing_key
 
     signer = args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
+    arches = wheel_arches(line.tag) if args.arch == "all" else [args.arch]
+    if args.image:
+        check_image_args(args, arches)  # before any download
     args.dist = args.dist or line.dist
     args.workdir = args.workdir or line.workdir
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
-        release = _run_locked(
-            args.arch, args.dist, args.workdir, line, signer, cached=not args.no_cache
-        )
-        print(release.wheel, flush=True)
+        releases = []
+        for arch in arches:
+            release = _run_locked(
+                arch, args.dist, args.workdir, line, signer, cached=not args.no_cache
+            )
+            print(release.wheel, flush=True)
+            releases.append(release)
         if args.image:
-            image_from_args(args, release)
+            image_from_args(args, releases)
 
 
 if __name__ == "__main__":
