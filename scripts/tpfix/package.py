@@ -20,12 +20,14 @@ one does not (an older wheel's files, the image files of an older wheel)
 and any other vllm-* file.  The wheel of the same version for the other
 arch (./build.sh --arch aarch64 into the same dist) stays, with its files
 and its image's (image/<name>-<arch>.*, image_arch): SHA256SUMS and simple/
-list both arches.  The manifest list over both images (tpfix.image) goes:
-it names the image of the arch built again.  So every file in dist/ is always whole, old
-bytes or new, never part of either; SHA256SUMS changes only once all it
-lists is in place.  A run killed between two moves leaves a mix of old and
-new files, which `sha256sum -c SHA256SUMS` reports; the next build replaces
-it (tests/test_package.py kills one at every step).
+list both arches.  The image files of the arch built again stay only where
+its wheel is byte for byte the one listed (a cached rebuild); otherwise they
+go, and so does the manifest list over both images (tpfix.image_list).
+So every file in dist/ is always whole, old bytes or new, never part of
+either; SHA256SUMS changes only once all it lists is in place.  A run
+killed between two moves leaves a mix of old and new files, which `sha256sum
+-c SHA256SUMS` reports; the next build replaces it (tests/test_package.py
+kills one at every step).
 """
 
 from __future__ import annotations
@@ -141,15 +143,18 @@ def add_to_dist(
     """Write `texts` ({path relative to dist: content}) into dist/, each
     atomically, then SHA256SUMS with them and the files `also` names added,
     signed again by `signer`; listed entries for which `replacing` is true
-    and that are not among them leave the list (the image's files of an older
-    build).  Returns the paths written.  A signed dist needs the signer:
+    and that are not among them leave the list and the folder (the image's
+    files of an older build).  Returns the paths written.  A signed dist needs the signer:
     without it, nothing is written."""
     check_signer(dist, signer)
     for rel, text in texts.items():
         write_atomic(dist / rel, text)
     new = {*texts, *also}
-    kept = [p for p in listed(dist) if p not in new and not (replacing and replacing(p))]
+    before = listed(dist)
+    kept = [p for p in before if p not in new and not (replacing and replacing(p))]
     write_sums(dist, [*kept, *new], signer)
+    for rel in set(before) - {*kept, *new}:  # replaced: gone, not left to verify
+        (dist / rel).unlink(missing_ok=True)
     return [dist / rel for rel in texts]
 
 
@@ -164,6 +169,14 @@ def image_arch(rel: Path) -> str | None:
     None for the manifest list's files (`<name>.oci.tar`, ...) and the rest."""
     m = _IMAGE_FILE.match(rel.name)
     return m["arch"] if m and m["arch"] in wheel_arches() else None
+
+
+def image_name(tag: str, arch: str | None = None) -> str:
+    """The name of an image's files in <dist>/image/: its tag's last part with
+    `:` as `-`, then `-<arch>` for one arch's image (image_arch), none for the
+    manifest list over all of them (tpfix.image_list)."""
+    name = tag.rsplit("/", 1)[-1].replace(":", "-")
+    return f"{name}-{arch}" if arch else name
 
 
 def replaced_by_image(arch: str) -> Callable[[Path], bool]:
@@ -271,14 +284,24 @@ def other_arches(dist: Path, wheel: Path) -> list[Path]:
 def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Path:
     """Move the staged wheel and its `extras` (relative to its folder) into
     dist/; the files of the other arches' wheels of its version stay (its
-    extras index them: describe), an older version's go."""
+    extras index them: describe), an older version's go, and so do the image
+    files of a wheel replaced by other bytes."""
     staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
     before = set(listed(dist))
     others = {p.name for p in extras if p.suffix == ".whl"}
     kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
-    kept_arches = {wheel_arch(Path(name)) for name in others}
-    kept += [p for p in before if p.parts[0] == IMAGE and image_arch(p) in kept_arches]
+    # Image files stay with the wheel they were built from: the other arches'
+    # (kept above), and this arch's too where its wheel is byte for byte the
+    # one listed (a cached rebuild); the manifest list only if all it names stays.
+    listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if before else {}
+    unchanged = listed_sha.get(wheel.name) == sha256_file(wheel)
+    arches = {wheel_arch(Path(name)) for name in others} | (
+        {wheel_arch(wheel)} if unchanged else set()
+    )
+    images = [p for p in before if p.parts[0] == IMAGE]
+    whole = unchanged and {image_arch(p) for p in images} - {None} <= arches
+    kept += [p for p in images if image_arch(p) in arches or (whole and image_arch(p) is None)]
     final = dist / wheel.name
     os.replace(wheel, final)
     tops = {Path(p.parts[0]) for p in extras}

@@ -60,7 +60,7 @@ from tpfix.lines import (
     read_version,
     wheel_arches,
 )
-from tpfix.package import describe, listed, other_arches, publish
+from tpfix.package import IMAGE, describe, listed, other_arches, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
 from tpfix.util import (
@@ -223,10 +223,11 @@ def clear_staging(dist: Path) -> None:
     staging folders, an old index a publish killed between its two renames
     left (package.publish: dist/.<folder>.old), and the temporary file of a
     write killed before its rename (util.write_atomic: SHA256SUMS, the
-    image's files), in dist/ and the folders SHA256SUMS lists files in."""
+    image's files; image_engine: its archives), in dist/, dist/image/ and
+    the folders SHA256SUMS lists files in.  The image stage runs it too."""
     for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
         shutil.rmtree(stale, ignore_errors=True)
-    folders = {dist}
+    folders = {dist, dist / IMAGE}  # image/: where the image stage writes, listed or not
     with contextlib.suppress(Fail):  # an unreadable SHA256SUMS: the build rewrites it
         folders |= {dist / rel.parent for rel in listed(dist)}
     for folder in folders:
