@@ -8,6 +8,7 @@ and the default line's real series; and the checks an operator runs on it."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -118,3 +119,14 @@ def sums_dist(folder: Path, wheel_name: str, wheel_bytes: bytes, extra: int = 0)
         lines.append(f"{hashlib.sha256(data).hexdigest()}  {rel}\n")
     (folder / "SHA256SUMS").write_text("".join(lines))
     return folder
+
+
+def forge(envelope: Path, dest: Path) -> Path:
+    """`envelope` (DSSE) with its statement's first subject changed and its
+    signature kept, which then no longer covers it, written to `dest`."""
+    doc = json.loads(envelope.read_text())
+    stmt = json.loads(base64.b64decode(doc["payload"]))
+    stmt["subject"][0]["digest"]["sha256"] = "0" * 64
+    doc["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
+    dest.write_text(json.dumps(doc))
+    return dest

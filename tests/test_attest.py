@@ -12,7 +12,6 @@ on a small dist/ (small_dist.py).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from small_dist import keypair, publish_small, sha, statement, sums
+from small_dist import forge, keypair, publish_small, sha, statement, sums
 
 from tpfix import attest
 from tpfix.lines import get_line
@@ -81,12 +80,7 @@ def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
     _, other_pub = keypair(tmp_path / "other")
     with pytest.raises(Fail, match="no signature verifies"):
         attest.verify(env, other_pub, wheel)
-    data = json.loads(env.read_text())
-    payload = json.loads(base64.b64decode(data["payload"]))
-    payload["subject"][0]["digest"]["sha256"] = "0" * 64
-    data["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
-    forged = tmp_path / "forged.intoto.jsonl"
-    forged.write_text(json.dumps(data))
+    forged = forge(env, tmp_path / "forged.intoto.jsonl")
     with pytest.raises(Fail, match="no signature verifies"):
         attest.verify(forged, pub, wheel)
     with pytest.raises(Fail, match="is not the subject"):

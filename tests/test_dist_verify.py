@@ -17,7 +17,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from small_dist import keypair, publish_small, sha, sums
+from small_dist import forge, keypair, publish_small, sha, sums
 
 from tpfix import package, pipeline
 from tpfix.util import Fail
@@ -106,12 +106,7 @@ def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: P
     proc = check(genv, tampered)
     assert proc.returncode == 2 and "is not the subject of" in proc.stderr, proc.stderr
     # a changed statement inside the envelope (the signature no longer covers it)
-    doc = json.loads(genv.read_text())
-    stmt = json.loads(base64.b64decode(doc["payload"]))
-    stmt["subject"][0]["digest"]["sha256"] = "0" * 64
-    doc["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
-    forged = tmp_path / "forged.intoto.jsonl"
-    forged.write_text(json.dumps(doc))
+    forged = forge(genv, tmp_path / "forged.intoto.jsonl")
     proc = check(forged, gwheel)
     assert proc.returncode == 2 and "no signature verifies" in proc.stderr, proc.stderr
     # another key

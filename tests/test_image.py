@@ -74,7 +74,7 @@ def fi_index(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(buildah, dist, base, fi_index, tmp_path_factory) -> image.Built:
+def built(buildah, dist, base, fi_index, tmp_path_factory) -> image_engine.Built:
     tmp = tmp_path_factory.mktemp("image")
     ref = f"localhost/vllm-tpfix-test:{image_tag(get_line().version).split(':')[1]}"
     b = image.build_image(

@@ -101,7 +101,7 @@ def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
     (dist / ".staging-4242-abc").mkdir(parents=True)
     (dist / ".staging-4242-abc" / "part.whl").write_bytes(b"half")
     (dist / "keep.txt").write_text("not ours to remove")
-    pipeline.clear_staging(dist)
+    package.clear_staging(dist)
     assert sorted(p.name for p in dist.iterdir()) == ["keep.txt"]
 
 
@@ -132,7 +132,7 @@ def test_a_write_killed_at_its_rename_leaves_nothing_after_the_next_build(tmp_pa
         assert proc.returncode == -signal.SIGKILL
     left = sorted(p.relative_to(dist).as_posix() for p in dist.rglob(".*partial-*"))
     assert [p.split(".partial-")[0] for p in left] == [".SHA256SUMS", "image/.SHA256SUMS"]
-    pipeline.clear_staging(dist)
+    package.clear_staging(dist)
     assert not list(dist.rglob(".*partial-*"))
     assert (dist / "SHA256SUMS").read_text() == sums  # the published files stay
     assert sorted(p.name for p in dist.rglob("*")) == ["SHA256SUMS", "a.json", "image", "keep.txt"]
@@ -171,7 +171,7 @@ def test_an_image_archive_killed_midway_leaves_nothing_after_the_next_run(tmp_pa
     (left,) = (dist / "image").iterdir()
     assert left.name.startswith(".t-1.oci.tar.partial-") and left.is_dir()
     if via == "build.sh":
-        pipeline.clear_staging(dist)
+        package.clear_staging(dist)
     else:  # python -m tpfix.image: it stops at the missing wheel, after clearing
         proc = subprocess.run(
             [sys.executable, "-m", "tpfix.image", "--dist", str(dist), "--engine", "buildah"],

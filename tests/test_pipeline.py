@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix import attest, pipeline
+from tpfix import attest, package, pipeline
 from tpfix.lines import get_line, line_names
 from tpfix.util import PARTIAL, ROOT, Fail
 
@@ -65,7 +65,7 @@ def test_clear_staging_removes_old_indexes_and_legacy_staging_only(tmp_path: Pat
     legacy = tmp_path / ".dist-staging.1234"
     (legacy / "part").mkdir(parents=True)
     (tmp_path / ".other-staging.1234").mkdir()  # another folder's: not dist's
-    pipeline.clear_staging(dist)
+    package.clear_staging(dist)
     assert sorted(p.name for p in dist.iterdir()) == [".hidden-but-ours-not", "simple"]
     assert (dist / "simple" / "vllm").is_dir()
     assert not legacy.exists()
@@ -78,7 +78,7 @@ def test_clear_staging_with_an_unreadable_sha256sums_still_clears_dist(tmp_path:
     (dist / "SHA256SUMS").write_text("not a sha256sum line\n")
     (dist / f".SHA256SUMS{PARTIAL}abc").write_text("a killed write")
     (dist / ".staging-1-x").mkdir()
-    pipeline.clear_staging(dist)
+    package.clear_staging(dist)
     assert sorted(p.name for p in dist.iterdir()) == ["SHA256SUMS"]
     assert (dist / "SHA256SUMS").read_text() == "not a sha256sum line\n"  # the build rewrites it
 

@@ -181,13 +181,11 @@ RELEASE_PREDICATE = "https://in-toto.io/attestation/release/v0.1"
 SUMS_ENVELOPE = "SHA256SUMS.intoto.jsonl"
 
 
-def release_statement(dist: Path) -> str:
-    """The release statement of `dist` as its SHA256SUMS stands now."""
-    from tpfix.package import SUMS, read_sums
-
-    listed = read_sums(dist / SUMS)
-    subjects = [(SUMS, sha256_file(dist / SUMS))] + [(p, d) for p, d, _ in listed]
-    versions = sorted({p.split("-")[1] for p, _, _ in listed if p.startswith("vllm-")})
+def release_statement(sums: Path, listed: list[tuple[str, str]]) -> str:
+    """The release statement of a dist folder: its SHA256SUMS file `sums` and
+    the (path, sha256) of each file it lists (package.read_sums), as it stands."""
+    subjects = [(sums.name, sha256_file(sums)), *listed]
+    versions = sorted({p.split("-")[1] for p, _ in listed if p.startswith("vllm-")})
     stmt = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": n, "digest": {"sha256": d}} for n, d in subjects],

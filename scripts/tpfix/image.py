@@ -42,14 +42,13 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from tpfix.image_engine import (
     PLATFORMS,
-    Engine,
+    Built,
     build_cmd,
     check_platform,
     detect_engine,
@@ -59,6 +58,7 @@ from tpfix.image_engine import (
     run_build,
     save_archive,
 )
+from tpfix.image_list import build_list, describe_list
 from tpfix.lines import (
     Line,
     Release,
@@ -74,6 +74,7 @@ from tpfix.package import (
     IMAGE,
     add_to_dist,
     check_signer,
+    clear_staging,
     find_wheel,
     image_arch,
     image_name,
@@ -210,20 +211,6 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
 
 
 # --- the whole job ---------------------------------------------------------------
-
-
-@dataclass
-class Built:
-    ref: str  # in the engine's local storage
-    engine: Engine
-    archive: Path | None
-    output: str
-    seconds: float
-    dist: Path
-    ctx: Path
-    epoch: int  # the SOURCE_DATE_EPOCH it was built with
-    tag: str  # the image's name: its archive's (and the manifest list's, --arch all)
-    arch: str
 
 
 def build_image(
@@ -403,8 +390,6 @@ def image_from_args(args: argparse.Namespace, releases: list[Release]) -> list[B
             print(path)
         builts.append(built)
     if len(builts) > 1:
-        from tpfix.image_list import build_list, describe_list
-
         lst = build_list(builts, archive_dir)
         print(lst.ref)
         if lst.archive is None:
@@ -458,8 +443,6 @@ def main() -> None:
     check_image_args(args, [a for a in arches if a])  # no --arch: the wheel's, read below
     # The image is made from dist/'s wheel: no build may replace it meanwhile.
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
-        from tpfix.pipeline import clear_staging
-
         check_signer(args.dist, args.signer)  # its files go into a signed dist/
         clear_staging(args.dist)  # what a killed run left (we hold the lock)
         for arch in arches:  # every wheel there, before any download

@@ -206,6 +206,22 @@ def save_archive(eng: Engine, ref: str, out: Path, name: str | None = None) -> P
     return out
 
 
+@dataclass
+class Built:
+    """One arch's image as tpfix.image built it (build_image)."""
+
+    ref: str  # in the engine's local storage
+    engine: Engine
+    archive: Path | None
+    output: str
+    seconds: float
+    dist: Path
+    ctx: Path
+    epoch: int  # the SOURCE_DATE_EPOCH it was built with
+    tag: str  # the image's name: its archive's (and the manifest list's, --arch all)
+    arch: str
+
+
 # --- the manifest list over one image per arch --------------------------------------
 
 

@@ -17,15 +17,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tpfix.image_engine import PLATFORMS, make_list, save_list
+from tpfix.image_engine import PLATFORMS, Built, make_list, save_list
 from tpfix.lines import Release
 from tpfix.package import IMAGE, add_to_dist, image_name
 from tpfix.util import sha256_file
-
-if TYPE_CHECKING:
-    from tpfix.image import Built
 
 
 def _step(msg: str) -> None:

@@ -40,11 +40,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tpfix.lines import Line, get_line, line_names, read_version, wheel_arches
-from tpfix.util import Fail, add_sign_arg, link_or_copy, sha256_file, write_atomic
+from tpfix.util import PARTIAL, Fail, add_sign_arg, link_or_copy, sha256_file, write_atomic
 from tpfix.wheelfile import wheel_arch
 
 SUMS = "SHA256SUMS"
 IMAGE = "image"  # dist's folder of the image files (tpfix.image)
+STAGING = ".staging-"  # dist/.staging-<pid>-*: hidden, on dist's file system
 VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance
 
 
@@ -118,7 +119,9 @@ def write_sums(dist: Path, files: list[Path], signer=None) -> None:
     if signer is None:
         envelope.unlink(missing_ok=True)
     else:
-        write_atomic(envelope, attest.sign(attest.release_statement(dist).encode(), signer))
+        entries = [(rel, digest) for rel, digest, _ in read_sums(dist / SUMS)]
+        statement = attest.release_statement(dist / SUMS, entries)
+        write_atomic(envelope, attest.sign(statement.encode(), signer))
 
 
 def check_signer(dist: Path, signer) -> None:
@@ -325,3 +328,28 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
         if old.name not in keep and old.is_file():
             old.unlink()
     return final
+
+
+def _legacy_staging(dist: Path) -> list[Path]:
+    # Where builds before dist/.staging-* staged (beside dist), left by a kill.
+    return list(dist.parent.glob(f".{dist.name}-staging.*"))
+
+
+def clear_staging(dist: Path) -> None:
+    """Remove what killed builds staged in `dist` (the caller holds its lock):
+    staging folders, an old index a publish killed between its two renames
+    left (package.publish: dist/.<folder>.old), and the temporary file of a
+    write killed before its rename (util.write_atomic: SHA256SUMS, the
+    image's files; image_engine: its archives), in dist/, dist/image/ and
+    the folders SHA256SUMS lists files in.  The image stage runs it too."""
+    for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
+        shutil.rmtree(stale, ignore_errors=True)
+    folders = {dist, dist / IMAGE}  # image/: where the image stage writes, listed or not
+    with contextlib.suppress(Fail):  # an unreadable SHA256SUMS: the build rewrites it
+        folders |= {dist / rel.parent for rel in listed(dist)}
+    for folder in folders:
+        for partial in folder.glob(f".*{PARTIAL}*"):
+            if partial.is_dir():  # image_engine.save_list's layout
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)

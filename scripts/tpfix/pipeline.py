@@ -60,11 +60,10 @@ from tpfix.lines import (
     read_version,
     wheel_arches,
 )
-from tpfix.package import IMAGE, describe, listed, other_arches, publish
+from tpfix.package import STAGING, clear_staging, describe, other_arches, publish
 from tpfix.patch import prepare_tree
 from tpfix.patch_format import read_series
 from tpfix.util import (
-    PARTIAL,
     Fail,
     add_sign_arg,
     free_bytes,
@@ -81,8 +80,6 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-STAGING = ".staging-"  # dist/.staging-<pid>-*: hidden, on dist's file system
-
 # What a build writes, measured: ./build.sh into an empty --workdir/--dist
 # with the downloads cached, `du -sb` of both every second (2026-12-02):
 #   v0.27.1 x86_64: work folder peak 2.33 GB (the patched tree, about 0.8 GB,
@@ -94,11 +91,6 @@ STAGING = ".staging-"  # dist/.staging-<pid>-*: hidden, on dist's file system
 WORK_SPACE = 3 * 10**9
 DIST_SPACE = 5 * 10**8
 SPACE_CHECK_ENV = "TPFIX_SPACE_CHECK"  # 0: build without checking free space first
-
-
-def _legacy_staging(dist: Path) -> list[Path]:
-    # Where builds before dist/.staging-* staged (beside dist), left by a kill.
-    return list(dist.parent.glob(f".{dist.name}-staging.*"))
 
 
 def mounts() -> list[Path]:
@@ -216,26 +208,6 @@ def writable_folder(folder: Path, what: str, fix: str) -> None:
             f"{what} {folder} is not writable ({detail}); make it writable "
             f"(a read-write mount, its owner or mode), or {fix}"
         ) from None
-
-
-def clear_staging(dist: Path) -> None:
-    """Remove what killed builds staged in `dist` (the caller holds its lock):
-    staging folders, an old index a publish killed between its two renames
-    left (package.publish: dist/.<folder>.old), and the temporary file of a
-    write killed before its rename (util.write_atomic: SHA256SUMS, the
-    image's files; image_engine: its archives), in dist/, dist/image/ and
-    the folders SHA256SUMS lists files in.  The image stage runs it too."""
-    for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
-        shutil.rmtree(stale, ignore_errors=True)
-    folders = {dist, dist / IMAGE}  # image/: where the image stage writes, listed or not
-    with contextlib.suppress(Fail):  # an unreadable SHA256SUMS: the build rewrites it
-        folders |= {dist / rel.parent for rel in listed(dist)}
-    for folder in folders:
-        for partial in folder.glob(f".*{PARTIAL}*"):
-            if partial.is_dir():  # image_engine.save_list's layout
-                shutil.rmtree(partial, ignore_errors=True)
-            else:
-                partial.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
