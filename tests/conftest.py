@@ -30,6 +30,7 @@ ROOT = TESTS.parent
 ONE_WORKER = {
     "test_bug_a.py": "bug A's suites",
     "test_bisect.py": "bug A's suites",
+    "test_bug_a_property.py": "test_bug_a_property.py",
     "test_bug_b.py": "test_bug_b.py",
     "test_bug_c.py": "test_bug_c.py",
     "test_doctor_deployments.py": "test_doctor_deployments.py",
