@@ -153,12 +153,13 @@ image_engine.save_list(eng, "t:1", Path(sys.argv[1]) / "image" / "t-1.oci.tar", 
 """
 
 
-@pytest.mark.parametrize("via", ["build.sh", "tpfix.image"])
+@pytest.mark.parametrize("via", ["clear_staging", "tpfix.image"])
 def test_an_image_archive_killed_midway_leaves_nothing_after_the_next_run(tmp_path, via):
     """A kill -9 while the manifest list's OCI layout is being written (a real
     SIGKILL in a child; the engine is simulated) into a dist whose
-    SHA256SUMS lists no image file yet: the next build, or the next image
-    run, removes the partial layout from dist/image/."""
+    SHA256SUMS lists no image file yet: the next build's clear_staging (which
+    pipeline._run_locked runs before any work), or the next image run,
+    removes the partial layout from dist/image/."""
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "keep.txt").write_text("published")
@@ -170,7 +171,7 @@ def test_an_image_archive_killed_midway_leaves_nothing_after_the_next_run(tmp_pa
     assert proc.returncode == -signal.SIGKILL
     (left,) = (dist / "image").iterdir()
     assert left.name.startswith(".t-1.oci.tar.partial-") and left.is_dir()
-    if via == "build.sh":
+    if via == "clear_staging":
         package.clear_staging(dist)
     else:  # python -m tpfix.image: it stops at the missing wheel, after clearing
         proc = subprocess.run(

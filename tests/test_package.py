@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from small_dist import SIDE, check_sums, publish_small, sha, statement, sums
+from small_dist import SIDE, check_sums, keypair, publish_small, sha, statement, sums
 from wheels import make_wheel
 
 from tpfix import package
@@ -108,8 +108,10 @@ def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     """./build.sh --arch all --image into one dist, then one arch again: the
     image files are per arch (package.image_arch); an image of one arch, or
     its wheel built again with other bytes, replaces that arch's and the
-    manifest list's, listed and on disk, the other arch's stay; the same
-    wheel bytes (a cached rebuild) keep them all; a newer revision drops all.
+    manifest list's, listed and on disk, the other arch's stay (advisory
+    reports of its SBOM included); the same wheel bytes with the same
+    signer (a cached rebuild) keep them all, a new signer does not; a newer
+    revision drops all.
     The package stage's real code on tiny wheels, image files written as
     tpfix.image names them (their content does not matter here)."""
     version = "0.27.1+tpfix.3"
@@ -136,14 +138,33 @@ def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     shutil.rmtree(tmp_path / "staging")  # a fresh one, as each build has (pipeline.staged)
     publish_small(tmp_path, version, arch="aarch64")
     assert images() == x86 | arm | lst
+    # the reports tpfix.advisories writes for x86_64's image SBOM are x86_64's
+    # too: an aarch64 image again leaves them (and x86_64's image) alone
+    name = "vllm-openai-v0.27.1-tpfix.3-x86_64"
+    reports = {Path("image", f"{name}{s}"): "{}" for s in (".advisories.json", ".vex.cdx.json")}
+    package.add_to_dist(dist, reports)
+    x86 |= {p.as_posix() for p in reports}
+    assert {package.image_arch(p) for p in reports} == {"x86_64"}
+    _add_image(dist, "aarch64")
+    assert images() == x86 | arm
+    _add_image(dist, None)
     # other bytes under the same name: its image and the list go, x86_64's stay
     shutil.rmtree(tmp_path / "staging")
     publish_small(tmp_path, version, arch="aarch64", requires=("other-dep==1",))
     assert images() == x86
     check_sums(dist)
+    # the same bytes again, but now signed: the kept image files' envelopes
+    # would not be this folder's signer's, so aarch64's and the list's go
+    _add_image(dist, "aarch64"), _add_image(dist, None)
+    (tmp_path / "key").mkdir()
+    priv, _ = keypair(tmp_path / "key")
+    shutil.rmtree(tmp_path / "staging")
+    publish_small(tmp_path, version, priv, arch="aarch64", requires=("other-dep==1",))
+    assert images() == x86
+    check_sums(dist)
     # a newer revision of one arch: every image file of the older goes
     shutil.rmtree(tmp_path / "staging")
-    publish_small(tmp_path, "0.27.1+tpfix.4", arch="x86_64")
+    publish_small(tmp_path, "0.27.1+tpfix.4", priv, arch="x86_64")
     assert images() == set()
     check_sums(dist)
 

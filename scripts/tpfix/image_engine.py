@@ -193,7 +193,7 @@ def save_archive(eng: Engine, ref: str, out: Path, name: str | None = None) -> P
     """A docker-archive (`docker load -i` / `podman load -i`) of image `ref`,
     holding it as `name` (default `ref`), written atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}{PARTIAL}"  # a killed run's: pipeline.clear_staging
+    tmp = out.parent / f".{out.name}{PARTIAL}"  # a killed run's: package.clear_staging
     tmp.unlink(missing_ok=True)
     cmd = [eng.exe, "push", "--quiet", ref, f"docker-archive:{tmp}:{name or ref}"]
     try:
@@ -262,7 +262,7 @@ def save_list(eng: Engine, ref: str, out: Path, epoch: int) -> tuple[Path, dict]
     Reproducible: the engine writes the layout (gzip layers, digests fixed by
     content), the tar holds its files sorted, owned by root, at `epoch`."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    # PARTIAL in its name: a killed run's is removed by the next (pipeline.clear_staging)
+    # PARTIAL in its name: a killed run's is removed by the next (package.clear_staging)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}{PARTIAL}", dir=out.parent) as tmp:
         layout = Path(tmp) / "layout"
         proc = run(

@@ -81,6 +81,7 @@ def describe_list(lst: BuiltList, builts: list[Built], release: Release, signer=
         texts[folder / attest.signed_name(statement.name)] = attest.sign(
             texts[statement].encode(), signer
         )
-    also = [folder / lst.archive.name] if lst.archive.parent == dist / folder else []
+    in_dist = lst.archive.parent.resolve() == (dist / folder).resolve()
+    also = [folder / lst.archive.name] if in_dist else []
     written = add_to_dist(dist, texts, also, signer=signer)
     return written + [dist / p for p in also]

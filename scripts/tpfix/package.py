@@ -161,17 +161,13 @@ def add_to_dist(
     return [dist / rel for rel in texts]
 
 
-_IMAGE_FILE = re.compile(
-    r"^.+-(?P<arch>[a-z0-9_]+)\.(tar|cdx\.json|provenance\.json|intoto\.jsonl)$"
-)
-
-
 def image_arch(rel: Path) -> str | None:
-    """The arch of one arch's image file in dist/image/ (tpfix.image names them
-    `<name>-<arch>.tar`, `.cdx.json`, `.provenance.json`, `.intoto.jsonl`);
-    None for the manifest list's files (`<name>.oci.tar`, ...) and the rest."""
-    m = _IMAGE_FILE.match(rel.name)
-    return m["arch"] if m and m["arch"] in wheel_arches() else None
+    """The arch of one arch's file in dist/image/: tpfix.image names them
+    `<name>-<arch>.<suffix>` (.tar, .cdx.json, .provenance.json, .intoto.jsonl,
+    and tpfix.advisories' reports of its SBOM); None for the manifest list's
+    files (`<name>.oci.tar`, ...: a tag holding `-<arch>.` is refused) and the
+    rest."""
+    return next((a for a in wheel_arches() if f"-{a}." in rel.name), None)
 
 
 def image_name(tag: str, arch: str | None = None) -> str:
@@ -284,6 +280,23 @@ def other_arches(dist: Path, wheel: Path) -> list[Path]:
     ]
 
 
+def _keyids(signer) -> set[str]:
+    return {signer.public_key.keyid} if signer is not None else set()
+
+
+def _signed_by(dist: Path) -> set[str]:
+    """The keyids of the signature of dist/ as a whole (none: unsigned)."""
+    import json
+
+    from tpfix import attest
+
+    try:
+        doc = json.loads((dist / attest.SUMS_ENVELOPE).read_text())
+    except (OSError, ValueError):
+        return set()
+    return {sig.get("keyid", "") for sig in doc.get("signatures", [])}
+
+
 def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Path:
     """Move the staged wheel and its `extras` (relative to its folder) into
     dist/; the files of the other arches' wheels of its version stay (its
@@ -298,7 +311,10 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     # (kept above), and this arch's too where its wheel is byte for byte the
     # one listed (a cached rebuild); the manifest list only if all it names stays.
     listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if before else {}
-    unchanged = listed_sha.get(wheel.name) == sha256_file(wheel)
+    # The same bytes, signed by the same key (or unsigned as before): the
+    # image files and their envelopes are still this folder's.
+    same_signer = _signed_by(dist) == _keyids(signer)
+    unchanged = listed_sha.get(wheel.name) == sha256_file(wheel) and same_signer
     arches = {wheel_arch(Path(name)) for name in others} | (
         {wheel_arch(wheel)} if unchanged else set()
     )

@@ -93,7 +93,7 @@ def link_or_copy(src: Path, dest: Path) -> None:
 
 
 # The temporary file of write_atomic, `.<name>.partial-<random>`: a kill
-# before its rename leaves it (the next build's pipeline.clear_staging removes it).
+# before its rename leaves it (the next build's package.clear_staging removes it).
 PARTIAL = ".partial-"
 
 
