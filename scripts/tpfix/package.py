@@ -21,8 +21,9 @@ and any other vllm-* file.  The wheel of the same version for the other
 arch (./build.sh --arch aarch64 into the same dist) stays, with its files
 and its image's (image/<name>-<arch>.*, image_arch): SHA256SUMS and simple/
 list both arches.  The image files of the arch built again stay only where
-its wheel is byte for byte the one listed (a cached rebuild); otherwise they
-go, and so does the manifest list over both images (tpfix.image_list).
+its wheel is byte for byte the one listed and the folder keeps its signer
+(a cached rebuild); otherwise they go, and so does the manifest list over
+both images (tpfix.image_list).
 So every file in dist/ is always whole, old bytes or new, never part of
 either; SHA256SUMS changes only once all it lists is in place.  A run
 killed between two moves leaves a mix of old and new files, which `sha256sum
@@ -309,10 +310,10 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
     # Image files stay with the wheel they were built from: the other arches'
     # (kept above), and this arch's too where its wheel is byte for byte the
-    # one listed (a cached rebuild); the manifest list only if all it names stays.
+    # one listed and signed by the same key, or unsigned as before (a cached
+    # rebuild: their envelopes are still this folder's signer's); the
+    # manifest list only if all it names stays.
     listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if before else {}
-    # The same bytes, signed by the same key (or unsigned as before): the
-    # image files and their envelopes are still this folder's.
     same_signer = _signed_by(dist) == _keyids(signer)
     unchanged = listed_sha.get(wheel.name) == sha256_file(wheel) and same_signer
     arches = {wheel_arch(Path(name)) for name in others} | (
