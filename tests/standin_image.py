@@ -38,7 +38,7 @@ from tpfix.fetch import fetch_test_dep, fetch_wheel
 from tpfix.lines import TAG, get_line
 from tpfix.patch import cached_tree
 from tpfix.replay.harness import pinned_flashinfer
-from tpfix.util import cache_dir, host_arch
+from tpfix.util import cache_dir, cache_lock, host_arch
 
 SUITE = "bookworm"
 # Unpacked, not installed (mmdebstrap's `extract` variant: no maintainer
@@ -221,6 +221,13 @@ def standin_base(buildah: str = "buildah", tag: str | None = None, arch: str | N
     line's; `arch`: another arch's (linux/arm64 for aarch64: the official
     aarch64 wheel on an arm64 rootfs, built under the host's emulator)."""
     arch = arch or host_arch()
+    # One build of each stand-in, whichever xdist worker asks first: test_image
+    # and test_image_arches need the same one, each on its own worker.
+    with cache_lock(f"standin-{tag or TAG}-{arch}"):
+        return _standin_base(buildah, tag, arch)
+
+
+def _standin_base(buildah: str, tag: str | None, arch: str) -> str:
     fs = rootfs(arch)
     with tempfile.TemporaryDirectory(dir=cache_dir() / "images") as tmp:
         ctx = Path(tmp)
@@ -260,8 +267,8 @@ def standin_list(buildah: str, arches: list[str], tag: str | None = None) -> str
     refs = [standin_base(buildah, tag, arch) for arch in arches]
     key = _sha(" ".join(refs).encode())[:16]
     ref = f"localhost/vllm-standin-base:list-{key}"
-    if subprocess.run([buildah, "manifest", "exists", ref], capture_output=True).returncode == 0:
-        return ref
-    for cmd in (["create", ref], *(["add", ref, r] for r in refs)):
-        subprocess.run([buildah, "manifest", *cmd], capture_output=True, check=True)
+    with cache_lock(f"standin-list-{key}"):
+        if subprocess.run([buildah, "manifest", "exists", ref], capture_output=True).returncode:
+            for cmd in (["create", ref], *(["add", ref, r] for r in refs)):
+                subprocess.run([buildah, "manifest", *cmd], capture_output=True, check=True)
     return ref
