@@ -72,7 +72,7 @@ from tpfix.lines import (
 )
 from tpfix.package import (
     IMAGE,
-    add_to_dist,
+    add_image_files,
     check_signer,
     clear_staging,
     find_wheel,
@@ -254,10 +254,6 @@ def build_image(
     return Built(ref, eng, archive, out, seconds, dist, ctx, epoch, tag, arch)
 
 
-def _same(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
-
-
 def describe_image(
     built: Built, release: Release, base: str, signer=None, flashinfer_index: str = ""
 ) -> list[Path]:
@@ -300,16 +296,8 @@ def describe_image(
     stmt = attest.statement("image", subjects, external, deps, epoch)
     statement = folder / f"{name}.provenance.json"
     texts[statement] = attest.dumps(stmt)
-    if signer is not None:
-        texts[folder / attest.signed_name(statement.name)] = attest.sign(
-            texts[statement].encode(), signer
-        )
-    archive = built.archive
-    also = [folder / archive.name] if archive and _same(archive.parent, dist / folder) else []
-
     replacing = replaced_by_image(built.arch)  # and the manifest list's files
-    written = add_to_dist(dist, texts, also, replacing=replacing, signer=signer)
-    return written + [dist / p for p in also]
+    return add_image_files(dist, texts, statement, built.archive, replacing, signer)
 
 
 _PLAIN = """\

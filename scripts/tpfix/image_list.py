@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tpfix.image_engine import PLATFORMS, Built, make_list, save_list
 from tpfix.lines import Release
-from tpfix.package import IMAGE, add_to_dist, image_name
+from tpfix.package import IMAGE, add_image_files, image_name
 from tpfix.util import sha256_file
 
 
@@ -77,11 +77,4 @@ def describe_list(lst: BuiltList, builts: list[Built], release: Release, signer=
     stmt = attest.statement("image-list", subjects, external, deps, builts[0].epoch)
     statement = folder / f"{image_name(lst.ref)}.provenance.json"
     texts = {statement: attest.dumps(stmt)}
-    if signer is not None:
-        texts[folder / attest.signed_name(statement.name)] = attest.sign(
-            texts[statement].encode(), signer
-        )
-    in_dist = lst.archive.parent.resolve() == (dist / folder).resolve()
-    also = [folder / lst.archive.name] if in_dist else []
-    written = add_to_dist(dist, texts, also, signer=signer)
-    return written + [dist / p for p in also]
+    return add_image_files(dist, texts, statement, lst.archive, signer=signer)

@@ -114,13 +114,12 @@ def write_sums(dist: Path, files: list[Path], signer=None) -> None:
     unsigned, an older signature of the folder goes (it would not verify)."""
     from tpfix import attest
 
-    lines = [f"{sha256_file(dist / rel)}  {rel.as_posix()}\n" for rel in files]
-    write_atomic(dist / SUMS, "".join(sorted(lines, key=lambda ln: ln.split("  ", 1)[1])))
+    entries = sorted((rel.as_posix(), sha256_file(dist / rel)) for rel in files)
+    write_atomic(dist / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in entries))
     envelope = dist / attest.SUMS_ENVELOPE
     if signer is None:
         envelope.unlink(missing_ok=True)
     else:
-        entries = [(rel, digest) for rel, digest, _ in read_sums(dist / SUMS)]
         statement = attest.release_statement(dist / SUMS, entries)
         write_atomic(envelope, attest.sign(statement.encode(), signer))
 
@@ -160,6 +159,30 @@ def add_to_dist(
     for rel in set(before) - {*kept, *new}:  # replaced: gone, not left to verify
         (dist / rel).unlink(missing_ok=True)
     return [dist / rel for rel in texts]
+
+
+def add_image_files(
+    dist: Path,
+    texts: dict[Path, str],
+    statement: Path,
+    archive: Path | None,
+    replacing: Callable[[Path], bool] | None = None,
+    signer=None,
+) -> list[Path]:
+    """add_to_dist for what tpfix.image describes an image (or the manifest
+    list) with: `texts`, its provenance `statement` among them, signed by
+    `signer` beside it (attest.signed_name), and its `archive` where that lies
+    in dist/image/ (elsewhere, --image-dir, SHA256SUMS cannot list it)."""
+    from tpfix import attest
+
+    texts = dict(texts)
+    if signer is not None:
+        envelope = statement.with_name(attest.signed_name(statement.name))
+        texts[envelope] = attest.sign(texts[statement].encode(), signer)
+    in_dist = archive is not None and archive.parent.resolve() == (dist / IMAGE).resolve()
+    also = [Path(IMAGE, archive.name)] if in_dist else []
+    written = add_to_dist(dist, texts, also, replacing=replacing, signer=signer)
+    return written + [dist / p for p in also]
 
 
 def image_arch(rel: Path) -> str | None:
@@ -305,7 +328,8 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     files of a wheel replaced by other bytes."""
     staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
-    before = set(listed(dist))
+    listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if (dist / SUMS).exists() else {}
+    before = {Path(p) for p in listed_sha}
     others = {p.name for p in extras if p.suffix == ".whl"}
     kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
     # Image files stay with the wheel they were built from: the other arches'
@@ -313,7 +337,6 @@ def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Pa
     # one listed and signed by the same key, or unsigned as before (a cached
     # rebuild: their envelopes are still this folder's signer's); the
     # manifest list only if all it names stays.
-    listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if before else {}
     same_signer = _signed_by(dist) == _keyids(signer)
     unchanged = listed_sha.get(wheel.name) == sha256_file(wheel) and same_signer
     arches = {wheel_arch(Path(name)) for name in others} | (
