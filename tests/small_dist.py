@@ -22,6 +22,7 @@ from in_toto_attestation.v1.statement import Statement
 from wheels import make_wheel
 
 from tpfix import attest, package
+from tpfix.context import BuildContext
 from tpfix.lines import get_line
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
@@ -85,7 +86,14 @@ def publish_small(
     signer = attest.load_signer(key) if key else None
     others = [dist / p for p in package.other_arches(dist, wheel)]
     extras = package.describe(
-        wheel, get_line(), sdist, official, arch or "x86_64", "1700000000", signer, others
+        wheel,
+        BuildContext.resolve(get_line()),
+        sdist,
+        official,
+        arch or "x86_64",
+        "1700000000",
+        signer,
+        others,
     )
     final = package.publish(wheel, dist, extras, signer)
     return dist, final, sdist, official

@@ -32,6 +32,7 @@ from small_dist import check_sums, publish_small, sums
 from wheels import make_wheel
 
 from tpfix import advisories, image_sbom, sbom, triage, wheel_sbom
+from tpfix.context import BuildContext
 from tpfix.lines import get_line, line_names
 from tpfix.patch_format import read_patch, read_series
 from tpfix.util import ROOT, Fail
@@ -189,7 +190,7 @@ def test_vex_takes_the_lines_triage(tmp_path: Path, osv: str):
         if state == "not_affected":
             assert v["analysis"]["justification"] == "code_not_reachable"
         else:  # and the SBOM names it among what that patch resolves
-            doc = wheel_sbom.wheel_bom(wheel, line, sdist, official, 1)
+            doc = wheel_sbom.wheel_bom(wheel, BuildContext.resolve(line), sdist, official, 1)
             (patch,) = [
                 p
                 for p in doc.metadata.component.pedigree.patches
@@ -420,7 +421,7 @@ def test_image_environment_audited_from_the_images_sbom(tmp_path: Path, osv: str
             {"name": "torch", "version": "2.13.0+cu130", "location": "/usr/lib"},
         ],
     }
-    comp = wheel_sbom.wheel_component(wheel, get_line(), sdist, official)
+    comp = wheel_sbom.wheel_component(wheel, BuildContext.resolve(get_line()), sdist, official)
     (dist / "image").mkdir()
     img = dist / "image" / "x-1.cdx.json"
     img.write_text(

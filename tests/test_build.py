@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_build_sh
 
+from tpfix.context import BuildContext
 from tpfix.fetch import fetch_wheel
 from tpfix.lines import get_line, read_version, wheel_pin
 from tpfix.patch import cached_tree
@@ -94,10 +95,9 @@ def _walk(built: Path, official: Path, touched: set[str], tree: Path, min_binari
 
 def test_binaries_identical_and_only_series_files_differ(built: Path, official: Path):
     tree = tree_after(read_series(get_line().series)[-1])
-    version = get_line().version
     meta = _walk(built, official, touched_files(get_line()), tree, 17)
     assert "Requires-Dist: flashinfer-python==0.6.16.post4" in meta
-    assert verify_wheel(built, official, tree, version, get_line()) == []
+    assert verify_wheel(built, official, tree, BuildContext.resolve(get_line())) == []
 
 
 def test_verify_rejects_changed_binary_and_unexpected_file(
@@ -115,7 +115,7 @@ def test_verify_rejects_changed_binary_and_unexpected_file(
         z.writestr("vllm/unexpected.py", "x = 1\n")
         z.writestr("vllm/__init__.py", "# changed outside the series\n")
     tree = tree_after(read_series(get_line().series)[-1])
-    problems = verify_wheel(tampered, official, tree, get_line().version, get_line())
+    problems = verify_wheel(tampered, official, tree, BuildContext.resolve(get_line()))
     assert f"{so}: compiled binary differs from the official wheel" in problems
     assert "vllm/unexpected.py: in the built wheel only" in problems
     assert "vllm/__init__.py: file differs from the official wheel" in problems
@@ -159,7 +159,7 @@ def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
         theirs = o.read(f"vllm-{public}.dist-info/METADATA").decode()
     # this line re-pins nothing: the metadata differs in the version only
     assert ours == theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
-    assert verify_wheel(built, official, tree, version, line, names) == []
+    assert verify_wheel(built, official, tree, BuildContext.resolve(line)) == []
     assert f"{_sha(built)}  {built.name}\n" in (built.parent / "SHA256SUMS").read_text()
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from wheels import make_wheel
 
 from tpfix import image, package, pipeline
-from tpfix.lines import Release, dist_state, get_line, line_names, read_version
+from tpfix.context import BuildContext, Release
+from tpfix.lines import dist_state, get_line, line_names, read_version
 from tpfix.util import ROOT
 
 
@@ -29,9 +30,10 @@ def test_the_pipelines_steps_leave_only_published_files_in_dist(tmp_path: Path):
     try:
         with pipeline.build_locks(tmp_path / "work", dist):
             wheel = make_wheel(tmp_path / "staging", version)
-            extras = package.describe(wheel, line, sdist, official, "x86_64", epoch)
+            ctx = BuildContext.resolve(line)
+            extras = package.describe(wheel, ctx, sdist, official, "x86_64", epoch)
             final = package.publish(wheel, dist, extras)
-            release = Release(line, version, final, sdist, official, "x86_64", epoch)
+            release = Release(ctx, final, sdist, official, "x86_64", epoch)
             image.stage_context(release, image.context_dir(dist))
         published = {Path("SHA256SUMS"), *package.listed(dist)}
         assert {p.relative_to(dist) for p in dist.rglob("*") if p.is_file()} == published

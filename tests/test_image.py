@@ -36,6 +36,7 @@ from small_dist import sums_dist
 
 from tpfix import image, image_engine, sbom
 from tpfix.build import source_date_epoch
+from tpfix.context import BuildContext
 from tpfix.fetch import fetch_sdist, fetch_wheel
 from tpfix.lines import TAG, get_line, image_tag, read_version
 from tpfix.package import image_name
@@ -48,6 +49,7 @@ from tpfix.verify import touched_files
 pytestmark = pytest.mark.slow
 
 SITE_GLOB = "usr/local/lib/python3*/dist-packages"
+CTX = BuildContext.resolve(get_line())
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def built(buildah, dist, base, fi_index, tmp_path_factory) -> image_engine.Built
     tmp = tmp_path_factory.mktemp("image")
     ref = f"localhost/vllm-tpfix-test:{image_tag(get_line().version).split(':')[1]}"
     b = image.build_image(
-        image.release_in(dist, get_line()),
+        image.release_in(dist, CTX),
         base=base,
         tag=ref,
         flashinfer_index=fi_index,
@@ -212,7 +214,7 @@ def test_labels_and_config(buildah, built, base):
         assert ours.get(key) == theirs.get(key), key
     assert ours["Entrypoint"] == ["vllm", "serve"]
     labels = ours["Labels"]
-    names, series_sha = image.series_info(get_line())
+    names, series_sha = image.series_info(CTX)
     wheel, digest = image.find_wheel(built.dist)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True, capture_output=True
@@ -271,7 +273,7 @@ def line_image(buildah, line_build, tmp_path_factory):
     ref = f"localhost/vllm-tpfix-test:{image_tag(version).split(':')[1]}"
     tmp = tmp_path_factory.mktemp("line-image")
     b = image.build_image(
-        image.release_in(wheel.parent, line),
+        image.release_in(wheel.parent, BuildContext.resolve(line)),
         base=base,
         tag=ref,
         archive_dir=tmp / "out",
@@ -300,7 +302,7 @@ def test_other_line_image_is_one_layer_of_vllm_files_only(buildah, line_image):
     )
     assert ours[:-1] == theirs and ours[-1] < 5_000_000
     labels = image_engine.inspect(eng, built.ref)["config"].get("Labels") or {}
-    names, digest = image.series_info(line)
+    names, digest = image.series_info(BuildContext.resolve(line))
     assert labels["tpfix.upstream.tag"] == line.tag
     assert labels["org.opencontainers.image.version"] == version
     assert labels["tpfix.series"] == " ".join(names) and names
@@ -392,7 +394,7 @@ def test_context_holds_only_what_the_image_needs(dist, tmp_path):
     sums = (full / "SHA256SUMS").read_text().replace(hashlib.sha256(b"").hexdigest(), digest, 1)
     (full / "SHA256SUMS").write_text(sums)
     ctx = tmp_path / "ctx"
-    image.stage_context(image.release_in(full, get_line()), ctx)
+    image.stage_context(image.release_in(full, CTX), ctx)
     staged = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
     repinned = sorted(str(p.relative_to(ctx)) for p in (ctx / "wheels").glob("*.whl"))
     assert repinned and all(p.startswith("wheels/flashinfer_python-") for p in repinned)
@@ -446,7 +448,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path,
     try:
         for n in (1, 2):
             b = image.build_image(
-                image.release_in(dist, get_line()),
+                image.release_in(dist, CTX),
                 base=base,
                 tag=ref,
                 flashinfer_index=fi_index,
@@ -540,7 +542,7 @@ def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base
     dist = tmp_path / "dist"
     shutil.copytree(built.dist, dist, copy_function=os.link)
     b = dataclasses.replace(built, dist=dist, archive=None)
-    paths = image.describe_image(b, image.release_in(b.dist, get_line()), base)
+    paths = image.describe_image(b, image.release_in(b.dist, CTX), base)
     inv = image_engine.image_inventory(built.engine, built.ref, base)
     name = image_name(built.ref, host_arch())  # one arch's: <name>-<arch>
     assert name.endswith(f"-{host_arch()}") and built.tag == built.ref

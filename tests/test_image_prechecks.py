@@ -61,7 +61,7 @@ def test_another_arch_without_an_emulator_stops_before_any_download(tmp_path, mo
 
     other = "aarch64" if host_arch() == "x86_64" else "x86_64"
     monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
-    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
+    monkeypatch.setattr(pipeline, "fetch_inputs", lambda *a: pytest.fail("downloaded"))
     argv = ["pipeline", "--image", "--arch", other, "--dist", str(tmp_path / "dist")]
     monkeypatch.setattr(sys, "argv", [*argv, "--workdir", str(tmp_path / "work")])
     with pytest.raises(Fail) as e:
@@ -94,7 +94,7 @@ def test_all_arches_check_every_platform_and_the_engine_before_any_download(tmp_
 
     other = "aarch64" if host_arch() == "x86_64" else "x86_64"
     monkeypatch.setattr(image_engine, "BINFMT", tmp_path)
-    monkeypatch.setattr(pipeline, "fetch_sdist", lambda *a: pytest.fail("downloaded"))
+    monkeypatch.setattr(pipeline, "fetch_inputs", lambda *a: pytest.fail("downloaded"))
     which = shutil.which
     monkeypatch.setattr(
         image_engine.shutil, "which", lambda n: "/usr/bin/docker" if n == "docker" else which(n)

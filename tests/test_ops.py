@@ -25,6 +25,7 @@ from small_dist import SIDE, check_sums
 from wheels import make_wheel
 
 from tpfix import package, pipeline
+from tpfix.context import BuildContext
 from tpfix.lines import get_line
 from tpfix.util import ROOT, Fail
 
@@ -59,7 +60,9 @@ def _stage_and_publish(dist: Path, inputs: Path) -> Path:
     with pipeline.staged(dist) as staging:
         wheel = make_wheel(staging, "0.27.1+tpfix.3")
         sd, off = inputs / "sdist.tar.gz", inputs / "official.whl"
-        extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+        extras = package.describe(
+            wheel, BuildContext.resolve(get_line()), sd, off, "x86_64", "1", None
+        )
         return package.publish(wheel, dist, extras)
 
 
@@ -158,7 +161,7 @@ def test_an_image_archive_killed_midway_leaves_nothing_after_the_next_run(tmp_pa
     """A kill -9 while the manifest list's OCI layout is being written (a real
     SIGKILL in a child; the engine is simulated) into a dist whose
     SHA256SUMS lists no image file yet: the next build's clear_staging (which
-    pipeline._run_locked runs before any work), or the next image run,
+    pipeline._prepare_folders runs before any work), or the next image run,
     removes the partial layout from dist/image/."""
     dist = tmp_path / "dist"
     dist.mkdir()
@@ -300,7 +303,9 @@ def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: P
         ):
             wheel = make_wheel(staging, "0.27.1+tpfix.3")
             sd, off = tmp_path / "sdist.tar.gz", tmp_path / "official.whl"
-            extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+            extras = package.describe(
+                wheel, BuildContext.resolve(get_line()), sd, off, "x86_64", "1", None
+            )
             _fill(dist / "filler")  # the disk fills up meanwhile
             package.publish(wheel, dist, extras)
         msg = str(e.value)

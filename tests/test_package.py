@@ -21,6 +21,7 @@ from small_dist import SIDE, check_sums, keypair, publish_small, sha, statement,
 from wheels import make_wheel
 
 from tpfix import package
+from tpfix.context import BuildContext
 from tpfix.lines import get_line, sdist_pin, wheel_pin
 from tpfix.util import Fail
 
@@ -186,7 +187,7 @@ def test_republishing_replaces_every_file_of_the_old_wheel(tmp_path: Path):
     wheel = make_wheel(staging, "0.27.1+tpfix.3")
     sd = tmp_path / "one" / "vllm-0.27.1.tar.gz"
     off = tmp_path / "one" / "vllm-0.27.1-py3-none-any.whl"
-    extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+    extras = package.describe(wheel, BuildContext.resolve(get_line()), sd, off, "x86_64", "1", None)
     new = package.publish(wheel, dist, extras)
     assert not [p for p in dist.iterdir() if p.name.startswith(old.name)]
     assert sorted(p.name for p in dist.glob("vllm-*")) == sorted(
@@ -213,7 +214,9 @@ def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
     for n in range(1, 12):
         staging = tmp_path / f"staging{n}"
         wheel = make_wheel(staging, "0.27.1+tpfix.3")
-        extras = package.describe(wheel, get_line(), sd, off, "x86_64", "1", None)
+        extras = package.describe(
+            wheel, BuildContext.resolve(get_line()), sd, off, "x86_64", "1", None
+        )
         staged = {p.relative_to(staging): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
         whole |= set(staged.values())
         calls = []
@@ -245,7 +248,11 @@ def test_a_publish_killed_at_any_step_leaves_whole_files_and_the_next_repairs(
     # the next build (here: the same files staged again) repairs whatever was left
     staging = tmp_path / "again"
     wheel = make_wheel(staging, "0.27.1+tpfix.3")
-    package.publish(wheel, dist, package.describe(wheel, get_line(), sd, off, "x86_64", "1", None))
+    package.publish(
+        wheel,
+        dist,
+        package.describe(wheel, BuildContext.resolve(get_line()), sd, off, "x86_64", "1", None),
+    )
     check_sums(dist)
     assert not (dist / "image" / "old.cdx.json").exists()  # listed before, not now: removed
     assert not [p for p in dist.glob("vllm-0.27.1+tpfix.2*")]

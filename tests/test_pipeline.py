@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tpfix import attest, package, pipeline
+from tpfix.context import BuildContext
 from tpfix.lines import get_line, line_names
 from tpfix.util import PARTIAL, ROOT, Fail
 
@@ -185,12 +186,20 @@ def build_args(monkeypatch, capsys):
         def __exit__(self, *exc):
             return False
 
-    def run_locked(arch, dist, workdir, line, signer=None, cached=True):
-        seen["run"] = {"arch": arch, "dist": dist, "workdir": workdir, "line": line}
+    def run_locked(ctx, arch, dist, workdir, signer=None, cached=True):
+        seen["run"] = {"arch": arch, "dist": dist, "workdir": workdir, "line": ctx.line}
         seen["run"]["cached"] = cached
+        seen.setdefault("builds", []).append((ctx, arch))
         return type("Release", (), {"wheel": dist / "vllm.whl"})()
 
+    def resolve(line):
+        seen.setdefault("resolved", []).append(line)
+        return resolve_for_real(line)
+
+    resolve_for_real = BuildContext.resolve
     monkeypatch.setattr(pipeline, "build_locks", Locks)
+    monkeypatch.setattr(pipeline, "_prepare_folders", lambda workdir, dist: dist)
+    monkeypatch.setattr(pipeline.BuildContext, "resolve", staticmethod(resolve))
     monkeypatch.setattr(pipeline, "_run_locked", run_locked)
     monkeypatch.setattr(pipeline, "check_tools", lambda: None)
     monkeypatch.setattr(pipeline, "sigterm_as_interrupt", lambda: None)
@@ -200,7 +209,8 @@ def build_args(monkeypatch, capsys):
         seen.clear()
         monkeypatch.setattr(sys, "argv", ["tpfix.pipeline", *args])
         pipeline.main()
-        assert capsys.readouterr().out == f"{seen['run']['dist'] / 'vllm.whl'}\n"
+        wheels = f"{seen['run']['dist'] / 'vllm.whl'}\n" * len(seen["builds"])
+        assert capsys.readouterr().out == wheels
         return seen
 
     return main
@@ -228,3 +238,29 @@ def test_main_builds_another_line_into_its_own_folders(build_args, tmp_path: Pat
     given = build_args("--line", tag, "--dist", str(tmp_path / "d"), "--workdir", str(tmp_path))
     assert (given["run"]["dist"], given["run"]["workdir"]) == (tmp_path / "d", tmp_path)
     assert given["locks"] == (tmp_path, tmp_path / "d")
+
+
+def test_one_context_for_every_arch_of_the_build(build_args):
+    """--arch all: the line's VERSION, series and pins are resolved once, the
+    arches are the ones its pins list, and each arch's build gets that one
+    context."""
+    seen = build_args("--arch", "all")
+    (line,) = seen["resolved"]
+    ctx = seen["builds"][0][0]
+    assert [a for _, a in seen["builds"]] == ctx.arches
+    assert ctx.arches == sorted({a.arch for a in ctx.pins if a.role == "wheel"})
+    assert len(ctx.arches) > 1
+    assert all(c is ctx for c, _ in seen["builds"])
+    assert ctx == BuildContext.resolve(line)  # what the line's files say now
+    assert seen["run"]["cached"] is True
+
+
+def test_an_arch_the_line_does_not_pin_stops_before_any_work(build_args, monkeypatch):
+    ctx = BuildContext.resolve(get_line())
+    monkeypatch.setattr(
+        pipeline.BuildContext,
+        "resolve",
+        staticmethod(lambda line: ctx.but(pins=tuple(a for a in ctx.pins if a.arch != "aarch64"))),
+    )
+    with pytest.raises(Fail, match="no official wheel pinned for arch 'aarch64'"):
+        build_args("--arch", "aarch64")

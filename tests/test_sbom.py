@@ -18,6 +18,7 @@ from sbom_checks import check_wheel_sbom, defect, minimum_elements
 from small_dist import publish_small, sha
 
 from tpfix import image_sbom, sbom, wheel_sbom
+from tpfix.context import BuildContext
 from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.util import Fail
@@ -158,7 +159,7 @@ def _image_sbom(tmp_path: Path) -> tuple[dict, str]:
             {"name": "Jinja2", "version": "3.1.6", "location": "/usr/lib"},
         ],
     }
-    comp = wheel_sbom.wheel_component(wheel, get_line(), sdist, official)
+    comp = wheel_sbom.wheel_component(wheel, BuildContext.resolve(get_line()), sdist, official)
     bom = image_sbom.image_bom(inventory, comp, 1, get_line().version, "v0.27.1", "x-1")
     return json.loads(sbom.dumps(bom)), comp.bom_ref.value
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from tpfix.context import BuildContext
 from tpfix.lines import get_line
 from tpfix.patch_format import read_series
 from tpfix.verify import _changed_pins, touched_files, verify_wheel
@@ -107,7 +108,7 @@ def made(tmp_path: Path):
 
 
 def _verify(built: Path, official: Path, tree: Path) -> list[str]:
-    return verify_wheel(built, official, tree, VERSION, LINE)
+    return verify_wheel(built, official, tree, BuildContext.resolve(LINE).but(version=VERSION))
 
 
 def test_a_wheel_that_differs_only_where_allowed_passes(made):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tpfix import wheel_cache
+from tpfix.context import BuildContext
 from tpfix.lines import get_line
 
 TAG = get_line().tag  # the default line's cache entries
@@ -54,14 +55,13 @@ def test_other_inputs_are_a_miss(cache: Path, tmp_path: Path, other):
     assert not list((tmp_path / "staging").iterdir())
 
 
-def test_the_key_covers_the_series_and_the_build_code(monkeypatch):
+def test_the_key_covers_the_series_and_the_build_code():
     line = get_line()
-    before = wheel_cache.key(line, "v", "x86_64", 1)
-    monkeypatch.setattr(wheel_cache, "fingerprint", lambda line: "another series")
-    assert wheel_cache.key(line, "v", "x86_64", 1) != before
-    monkeypatch.undo()
+    ctx = BuildContext.resolve(line).but(version="v")
+    before = wheel_cache.key(ctx, "x86_64", 1)
+    assert wheel_cache.key(ctx.but(fingerprint="another series"), "x86_64", 1) != before
     names = {f.name for f in wheel_cache.KEY_FILES}
-    assert {"requirements-build.lock", "build.py", "patch.py", "quilt.py"} <= names
+    assert {"requirements-build.lock", "build.py", "context.py", "patch.py", "quilt.py"} <= names
 
 
 def test_a_changed_cached_wheel_is_dropped_with_a_warning(cache: Path, tmp_path: Path):
@@ -90,11 +90,15 @@ def test_storing_replaces_the_older_entries_of_the_line_and_arch(cache: Path, tm
 
 
 def _store(line, version: str, arch: str, epoch: int, wheel: Path) -> None:
-    wheel_cache.store(line, arch, wheel_cache.key(line, version, arch, epoch), wheel)
+    wheel_cache.store(line, arch, _key(line, version, arch, epoch), wheel)
 
 
 def _restore(line, version: str, arch: str, epoch: int, dest: Path, warn=print) -> Path | None:
-    return wheel_cache.restore(line, arch, wheel_cache.key(line, version, arch, epoch), dest, warn)
+    return wheel_cache.restore(line, arch, _key(line, version, arch, epoch), dest, warn)
+
+
+def _key(line, version: str, arch: str, epoch: int) -> str:
+    return wheel_cache.key(BuildContext.resolve(line).but(version=version), arch, epoch)
 
 
 def _mkdir(path: Path) -> Path:

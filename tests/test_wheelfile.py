@@ -10,6 +10,7 @@ import pytest
 from packaging.requirements import Requirement
 from wheels import REQUIRES_PYTHON, VERSION, make_wheel
 
+from tpfix.context import BuildContext
 from tpfix.image import repins
 from tpfix.lines import get_line
 from tpfix.maint.start_line import wheel_cuda
@@ -86,6 +87,7 @@ def test_verify_flags_requires_dist_no_patch_pins(tmp_path):
     base = ("regex",)
     built = make_wheel(tmp_path / "built", requires=(*base, "Same_Project ==1.0", "foo==1"))
     official = make_wheel(tmp_path / "official", requires=(*base, "same-project==1.0"))
-    problems = verify_wheel(built, official, tmp_path, VERSION, get_line(), names=[])
+    ctx = BuildContext.resolve(get_line()).but(version=VERSION, series=())
+    problems = verify_wheel(built, official, tmp_path, ctx)
     assert problems == ["METADATA: Requires-Dist 'foo==1' changed, no patch pins it"]
-    assert verify_wheel(official, official, tmp_path, VERSION, get_line(), names=[]) == []
+    assert verify_wheel(official, official, tmp_path, ctx) == []

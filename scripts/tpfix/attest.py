@@ -53,8 +53,7 @@ from in_toto_attestation.predicates.provenance.v1 import provenance_pb2 as slsa
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from tpfix.lines import Line
-from tpfix.patch_format import read_series
+from tpfix.context import BuildContext
 from tpfix.util import ROOT, Fail, main_wrapper, revision, sha256_file, source_url, write_atomic
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -80,14 +79,15 @@ def file_dep(path: Path, uri: str = "", **annotations: str) -> ResourceDescripto
     return resource_descriptor(path.name, sha256_file(path), uri, **annotations)
 
 
-def upstream_deps(line: Line, sdist: Path, official: Path) -> list[ResourceDescriptor]:
-    """The pinned upstream files and each patch of the line's series."""
+def upstream_deps(ctx: BuildContext, sdist: Path, official: Path) -> list[ResourceDescriptor]:
+    """The pinned upstream files and each patch of the context's series."""
+    line = ctx.line
     version = line.tag.removeprefix("v")
     out = [
         file_dep(sdist, f"pkg:pypi/vllm@{version}?file_name={sdist.name}"),
         file_dep(official, f"pkg:pypi/vllm@{version}?file_name={official.name}"),
     ]
-    for name in read_series(line.series):
+    for name in ctx.series:
         path = line.patches / name
         out.append(
             resource_descriptor(

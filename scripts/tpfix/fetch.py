@@ -21,9 +21,13 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpfix.lines import LINES, PINS, Artifact, get_line, load_pins, sdist_pin, wheel_pin
 from tpfix.util import Fail, cache_dir, cache_lock, host_arch, main_wrapper, run, sha256_file
+
+if TYPE_CHECKING:
+    from tpfix.context import BuildContext
 
 
 def cached_path(art: Artifact) -> Path:
@@ -178,6 +182,12 @@ def _download_unpinned(want: Artifact) -> Artifact:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(got, dest)
     return art
+
+
+def fetch_inputs(ctx: BuildContext, arch: str) -> tuple[Path, Path]:
+    """The build's inputs, by the context's pins: (the sdist, the official `arch` wheel)."""
+    pins = ctx.line.pins
+    return fetch(ctx.sdist_pin, pins), fetch(ctx.wheel_pin(arch), pins)
 
 
 def fetch_sdist(tag: str) -> Path:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from tpfix.context import BuildContext, Release
 from tpfix.image_engine import (
     PLATFORMS,
     Built,
@@ -59,17 +60,7 @@ from tpfix.image_engine import (
     save_archive,
 )
 from tpfix.image_list import build_list, describe_list
-from tpfix.lines import (
-    Line,
-    Release,
-    dist_state,
-    get_line,
-    image_tag,
-    line_names,
-    load_pins,
-    read_version,
-    wheel_arches,
-)
+from tpfix.lines import dist_state, get_line, image_tag, line_names, load_pins, wheel_arches
 from tpfix.package import (
     IMAGE,
     add_image_files,
@@ -81,7 +72,7 @@ from tpfix.package import (
     replaced_by_image,
     wheel_entry,
 )
-from tpfix.patch_format import read_series, series_digest
+from tpfix.patch_format import series_digest
 from tpfix.util import (
     ROOT,
     Fail,
@@ -111,15 +102,17 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def release_in(dist: Path, line: Line, arch: str | None = None) -> Release:
+def release_in(
+    dist: Path, ctx: BuildContext, arch: str | None = None, wheel: Path | None = None
+) -> Release:
     """The release a dist folder holds: its wheel for `arch` (None: its only
-    one), which must be the line's VERSION, and that wheel's inputs (fetched,
-    verified, from the cache)."""
+    one; or `wheel`, found there already), which must be the context's
+    version, and that wheel's inputs (fetched, verified, from the cache)."""
     from tpfix.build import source_date_epoch
-    from tpfix.fetch import fetch_sdist, fetch_wheel
+    from tpfix.fetch import fetch_inputs
 
-    version = read_version(line.version_file)
-    wheel, _ = find_wheel(dist, arch)
+    line, version = ctx.line, ctx.version
+    wheel = wheel or find_wheel(dist, arch)[0]
     if wheel.name.split("-")[1] != version:
         raise Fail(
             f"{wheel} is not version {version} ({shown(line.version_file)}): rerun "
@@ -127,10 +120,8 @@ def release_in(dist: Path, line: Line, arch: str | None = None) -> Release:
         )
     arch = wheel_arch(wheel)
     check_platform(arch)  # before any download
-    sdist = fetch_sdist(line.tag)
-    return Release(
-        line, version, wheel, sdist, fetch_wheel(arch, line.tag), arch, source_date_epoch(sdist)
-    )
+    sdist, official = fetch_inputs(ctx, arch)
+    return Release(ctx, wheel, sdist, official, arch, source_date_epoch(sdist))
 
 
 def repins(wheel: Path, official: Path) -> list[tuple[str, str]]:
@@ -168,10 +159,10 @@ def pinned_wheel(project: str, version: str) -> Path:
     )
 
 
-def series_info(line: Line) -> tuple[list[str], str]:
-    """Names in the line's series, and its digest (patch_format.series_digest)."""
-    names = read_series(line.series)
-    return names, series_digest(names, line.patches)
+def series_info(ctx: BuildContext) -> tuple[list[str], str]:
+    """Names in the context's series, and its digest (patch_format.series_digest)."""
+    names = list(ctx.series)
+    return names, series_digest(names, ctx.line.patches)
 
 
 def stage_context(release: Release, ctx: Path) -> dict[str, str]:
@@ -198,7 +189,7 @@ def stage_context(release: Release, ctx: Path) -> dict[str, str]:
             link_or_copy(w, ctx / "wheels" / w.name)
             lines.append(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n")
         (ctx / "wheels" / "SHA256SUMS").write_text("".join(lines))
-    names, series_sha = series_info(line)
+    names, series_sha = series_info(release.ctx)
     return {
         "VERSION": version,
         "REVISION": revision(),
@@ -271,7 +262,7 @@ def describe_image(
     inv = image_inventory(built.engine, built.ref, base)
     version = release.version
     name = image_name(built.tag, built.arch)
-    wheel_c = wheel_sbom.wheel_component(wheel, line, sdist, official)
+    wheel_c = wheel_sbom.wheel_component(wheel, release.ctx, sdist, official)
     platform = PLATFORMS[release.arch]
     bom = image_sbom.image_bom(inv, wheel_c, epoch, version, line.tag, name, platform)
     folder = Path(IMAGE)
@@ -284,7 +275,7 @@ def describe_image(
         if inv["base"]["digest"]
         else [attest.ResourceDescriptor(name=base, uri=f"docker://{base}")]
     )
-    deps = [*base_dep, attest.file_dep(wheel), *attest.upstream_deps(line, sdist, official)]
+    deps = [*base_dep, attest.file_dep(wheel), *attest.upstream_deps(release.ctx, sdist, official)]
     external = {
         "command": attest.build_command(),
         "line": line.tag,
@@ -424,8 +415,9 @@ def main() -> None:
 
     args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
+    ctx = BuildContext.resolve(line)  # the one read of VERSION, series and pins
     args.dist = args.dist or line.dist
-    arches = wheel_arches(line.tag) if args.arch == "all" else [args.arch]
+    arches = ctx.arches if args.arch == "all" else [args.arch]
     if args.measure and len(arches) > 1:
         raise Fail("--measure compares one image: give --arch x86_64 or --arch aarch64")
     check_image_args(args, [a for a in arches if a])  # no --arch: the wheel's, read below
@@ -433,9 +425,8 @@ def main() -> None:
     with dist_lock(args.dist, "build the image from another folder: --dist DIR"):
         check_signer(args.dist, args.signer)  # its files go into a signed dist/
         clear_staging(args.dist)  # what a killed run left (we hold the lock)
-        for arch in arches:  # every wheel there, before any download
-            find_wheel(args.dist, arch)
-        releases = [release_in(args.dist, line, arch) for arch in arches]
+        wheels = [find_wheel(args.dist, arch)[0] for arch in arches]  # before any download
+        releases = [release_in(args.dist, ctx, wheel=wheel) for wheel in wheels]
         builts = image_from_args(args, releases)
     if args.measure:
         sizes = measure(builts[0], args.base or line.official_image)

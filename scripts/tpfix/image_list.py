@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpfix.context import Release
 from tpfix.image_engine import PLATFORMS, Built, make_list, save_list
-from tpfix.lines import Release
 from tpfix.package import IMAGE, add_image_files, image_name
 from tpfix.util import sha256_file
 

@@ -2,7 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The release lines and their pins: the model of the data in patches/<tag>/
 and pins/ (Line, Artifact, the pin files, the distribution version), and
-where a line's builds go (Release, dist_state, image_tag)."""
+where a line's builds go (dist_state, image_tag).  One build's inputs,
+resolved once, are tpfix.context's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tpfix.patch_format import read_series
+from tpfix.patch_format import parse_series
 from tpfix.util import ROOT, Fail, shown
 
 # Every release line is one folder patches/<tag>/ of the same shape (Line).
@@ -66,11 +67,11 @@ class Artifact:
         return self.filename.endswith((".tar.gz", ".zip"))
 
 
-def read_pin_file(path: Path) -> dict:
-    """A pin file's TOML: the one reader of pin files (load_pins, a line's
-    `cuda`, the support matrix's facts)."""
+def read_pin_file(path: Path, text: str | None = None) -> dict:
+    """A pin file's TOML (its `text`, when read already): the one reader of
+    pin files (load_pins, a line's `cuda`, the support matrix's facts)."""
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text() if text is None else text)
     except FileNotFoundError:
         raise Fail(f"{path}: pin file missing") from None
     except tomllib.TOMLDecodeError as e:
@@ -78,7 +79,11 @@ def read_pin_file(path: Path) -> dict:
 
 
 def load_pins(path: Path) -> list[Artifact]:
-    data = read_pin_file(path)
+    return pin_artifacts(read_pin_file(path), path)
+
+
+def pin_artifacts(data: dict, path: Path) -> list[Artifact]:
+    """The artifacts of pin file `path`'s TOML `data`, each checked."""
     arts = []
     for i, entry in enumerate(data.get("artifact", [])):
         try:
@@ -145,33 +150,13 @@ class Line:
         """The official image of the line's tag: the default base of ours."""
         return f"vllm/vllm-openai:{self.tag}"
 
-    def official_cuda(self) -> str:
-        """The CUDA version the official wheels of this tag were built for."""
-        cuda = read_pin_file(self.pins).get("cuda")
+    def official_cuda(self, data: dict | None = None) -> str:
+        """The CUDA version the official wheels of this tag were built for
+        (from pins.toml, or its TOML `data` already read)."""
+        cuda = (read_pin_file(self.pins) if data is None else data).get("cuda")
         if not isinstance(cuda, str):
             raise Fail(f'{self.pins}: no `cuda = "MAJOR.MINOR"` of the official wheels')
         return cuda
-
-
-@dataclass(frozen=True)
-class Release:
-    """What the build of a line computed, for the image stage: the line, its
-    version, the published wheel (in its dist folder) and the inputs it was
-    built from (the sdist, the official wheel of `arch`) with its epoch.
-    ./build.sh --image hands over its own (pipeline); python -m tpfix.image
-    reads dist/ once (image.release_in)."""
-
-    line: Line
-    version: str
-    wheel: Path
-    sdist: Path
-    official: Path
-    arch: str
-    epoch: int
-
-    @property
-    def dist(self) -> Path:
-        return self.wheel.parent
 
 
 def tag_version(name: str) -> Version | None:
@@ -269,9 +254,10 @@ def wheel_arches(tag: str | None = None) -> list[str]:
     return sorted(arches)
 
 
-def read_version(path: Path) -> str:
+def read_version(path: Path, pins: list[Artifact] | None = None) -> str:
     """The distribution version: PEP 440, <upstream>+<LABEL>.<n>, from a line's
-    VERSION file."""
+    VERSION file; its upstream part is the pinned sdist's (of `pins`, the
+    line's pins read already, or of the pin file of that version's tag)."""
     text = path.read_text().strip() if path.exists() else ""
     try:
         v = Version(text)
@@ -279,12 +265,15 @@ def read_version(path: Path) -> str:
         raise Fail(f"{path}: {text!r} is not a PEP 440 version") from None
     if str(v) != text:
         raise Fail(f"{path}: write the normalized form {str(v)!r}, not {text!r}")
-    pins = tag_pins(f"v{v.public}")
-    if not pins.exists():
-        raise Fail(f"{path}: public version {v.public} has no pins ({pins.name} is missing)")
-    upstream = sdist_pin(f"v{v.public}").version
+    where = path.with_name("pins.toml")
+    if pins is None:
+        where = tag_pins(f"v{v.public}")
+        if not where.exists():
+            raise Fail(f"{path}: public version {v.public} has no pins ({where.name} is missing)")
+        pins = load_pins(where)
+    upstream = next((a.version for a in pins if a.role == "sdist"), None)
     if v.public != upstream:
-        raise Fail(f"{path}: public version {v.public} is not {pins.name}'s sdist {upstream}")
+        raise Fail(f"{path}: public version {v.public} is not {where.name}'s sdist {upstream}")
     if not v.local or not v.local.startswith(f"{LABEL}."):
         raise Fail(f"{path}: {text!r} needs the local label +{LABEL}.<n>")
     return text
@@ -310,14 +299,17 @@ ENTRY = re.compile(r"^## (\S+)[ \t]*$", re.M)
 FINGERPRINT = re.compile(r"^fingerprint: sha256:([0-9a-f]{64})[ \t]*$", re.M)
 
 
-def fingerprint(line: Line) -> str:
+def fingerprint(line: Line, series: bytes | None = None, pins: bytes | None = None) -> str:
     """sha256 (hex) over what the line ships: its series file, each patch the
-    series names (name and bytes, in order) and its pins.toml."""
+    series names (name and bytes, in order) and its pins.toml (the bytes of
+    `series` and `pins`, where read already)."""
+    series = line.series.read_bytes() if series is None else series
+    pins = line.pins.read_bytes() if pins is None else pins
     h = hashlib.sha256()
-    h.update(b"series\0" + line.series.read_bytes() + b"\0")
-    for name in read_series(line.series):
+    h.update(b"series\0" + series + b"\0")
+    for name in parse_series(series.decode()):
         h.update(name.encode() + b"\0" + (line.patches / name).read_bytes() + b"\0")
-    h.update(b"pins.toml\0" + line.pins.read_bytes() + b"\0")
+    h.update(b"pins.toml\0" + pins + b"\0")
     return h.hexdigest()
 
 

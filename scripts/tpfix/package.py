@@ -40,7 +40,8 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tpfix.lines import Line, get_line, line_names, read_version, wheel_arches
+from tpfix.context import BuildContext
+from tpfix.lines import Line, get_line, line_names, wheel_arches
 from tpfix.util import PARTIAL, Fail, add_sign_arg, link_or_copy, sha256_file, write_atomic
 from tpfix.wheelfile import wheel_arch
 
@@ -52,7 +53,7 @@ VERIFY = "verify.py"  # tpfix/dist_verify.py, shipped with a signed provenance
 
 def describe(
     wheel: Path,
-    line: Line,
+    ctx: BuildContext,
     sdist: Path,
     official: Path,
     arch: str,
@@ -75,20 +76,20 @@ def describe(
 
     write(
         f"{wheel.name}.cdx.json",
-        sbom.dumps(wheel_sbom.wheel_bom(wheel, line, sdist, official, epoch)),
+        sbom.dumps(wheel_sbom.wheel_bom(wheel, ctx, sdist, official, epoch)),
     )
     external = {
         "command": attest.build_command(),
-        "line": line.tag,
+        "line": ctx.tag,
         "arch": arch,
-        "version": read_version(line.version_file),
+        "version": ctx.version,
     }
     stmt = attest.dumps(
         attest.statement(
             "wheel",
             [(wheel.name, sha256_file(wheel))],
             external,
-            attest.upstream_deps(line, sdist, official),
+            attest.upstream_deps(ctx, sdist, official),
             epoch,
         )
     )

@@ -23,11 +23,15 @@ import stat
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpfix.lines import Line, get_line, sdist_pin
 from tpfix.patch_format import read_series, series_digest
 from tpfix.quilt import Quilt
 from tpfix.util import Fail, cache_dir, cache_lock, main_wrapper
+
+if TYPE_CHECKING:
+    from tpfix.context import BuildContext
 
 
 def unpack_sdist(sdist: Path, parent: Path) -> Path:
@@ -64,11 +68,19 @@ def _upto(line: Line, upto: str | None) -> list[str]:
     return names[: names.index(upto) + 1]
 
 
-def pristine_tree(dest: Path, tag: str, line: Line | None = None, names=(), keep_quilt_state=False):
-    """Create `dest` = pristine sdist of `tag` + `names` of `line`'s series."""
+def pristine_tree(
+    dest: Path,
+    tag: str,
+    line: Line | None = None,
+    names=(),
+    keep_quilt_state=False,
+    sdist: Path | None = None,
+):
+    """Create `dest` = pristine sdist of `tag` (`sdist`, fetched already, or
+    fetched here) + `names` of `line`'s series."""
     from tpfix.fetch import fetch_sdist
 
-    sdist = fetch_sdist(tag)
+    sdist = sdist or fetch_sdist(tag)
     dest = dest.resolve()
     if dest.exists():
         raise Fail(f"{dest} exists; remove it or choose another folder")
@@ -93,6 +105,11 @@ def prepare_tree(
     including `upto`).  `upto=None` applies the whole series, `upto=""` none of it."""
     names = _upto(line, upto)
     return pristine_tree(dest, line.tag, line, names, keep_quilt_state)
+
+
+def patch_tree(dest: Path, ctx: BuildContext, sdist: Path) -> Path:
+    """The build's patch stage: `dest` = `sdist` + the context's whole series."""
+    return pristine_tree(dest, ctx.tag, ctx.line, ctx.series, sdist=sdist)
 
 
 def series_key(names: list[str], line: Line) -> str:

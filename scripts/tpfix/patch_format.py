@@ -235,10 +235,13 @@ def diff_files(path: Path) -> list[FileDiff]:
 
 def read_series(series: Path) -> list[str]:
     """The patch names of `series` in order ([] when the file does not exist)."""
-    if not series.exists():
-        return []
+    return parse_series(series.read_text()) if series.exists() else []
+
+
+def parse_series(text: str) -> list[str]:
+    """The patch names of a series file's `text`, in order."""
     names = []
-    for line in series.read_text().splitlines():
+    for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             names.append(line.split()[0])

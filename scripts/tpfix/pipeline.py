@@ -49,20 +49,11 @@ from pathlib import Path
 
 from tpfix import wheel_cache
 from tpfix.build import build_wheel, source_date_epoch
-from tpfix.fetch import fetch_sdist, fetch_wheel
-from tpfix.lines import (
-    Line,
-    Release,
-    bump_command,
-    changelog_entries,
-    get_line,
-    line_names,
-    read_version,
-    wheel_arches,
-)
+from tpfix.context import BuildContext, Release
+from tpfix.fetch import fetch_inputs
+from tpfix.lines import bump_command, changelog_entries, get_line, line_names, wheel_arches
 from tpfix.package import STAGING, clear_staging, describe, other_arches, publish
-from tpfix.patch import prepare_tree
-from tpfix.patch_format import read_series
+from tpfix.patch import patch_tree
 from tpfix.util import (
     Fail,
     add_sign_arg,
@@ -251,20 +242,9 @@ def check_tools() -> None:
         )
 
 
-def _run_locked(
-    arch: str, dist: Path, workdir: Path, line: Line, signer=None, cached: bool = True
-) -> Release:
-    """The whole build of `line`; the caller holds build_locks(workdir, dist).
-    Returns the published wheel with the facts of its build (for the image stage)."""
-    version = read_version(line.version_file)
-    names = read_series(line.series)
-    newest = next(iter(changelog_entries(line)), ("none", ""))[0]
-    if newest != version:
-        # the revision is bumped with its changelog entry (tpfix.maint.revision)
-        raise Fail(
-            f"{shown(line.version_file)}: {version}, but {shown(line.changelog)}'s newest "
-            f"entry is {newest}; run: {bump_command(line)}"
-        )
+def _prepare_folders(workdir: Path, dist: Path) -> Path:
+    """Once per build, holding build_locks(workdir, dist): both folders take
+    files, and what a killed run left in them is gone.  Returns dist, resolved."""
     dist = dist.resolve()
     writable_folder(workdir, "work folder", "give another: ./build.sh --workdir DIR")
     writable_folder(dist, "dist folder", "give another: ./build.sh --dist DIR")
@@ -272,31 +252,37 @@ def _run_locked(
     for stale in workdir.glob("tree.*"):
         shutil.rmtree(stale, ignore_errors=True)
     clear_staging(dist)
+    return dist
+
+
+def _run_locked(
+    ctx: BuildContext, arch: str, dist: Path, workdir: Path, signer=None, cached: bool = True
+) -> Release:
+    """The build of `ctx` for `arch`; the caller holds build_locks(workdir, dist)
+    and ran _prepare_folders.  Returns the published wheel with the facts of
+    its build (for the image stage)."""
     check_space(workdir, dist)
     with space_errors(workdir, dist), staged(dist) as staging:
-        return _build(arch, dist, workdir, line, signer, staging, version, names, cached)
+        return _build(ctx, arch, dist, workdir, signer, staging, cached)
 
 
 def _build(
+    ctx: BuildContext,
     arch: str,
     dist: Path,
     workdir: Path,
-    line: Line,
     signer,
     staging: Path,
-    version: str,
-    names: list[str],
     cached: bool = True,
 ) -> Release:
     """Fetch, patch, build, verify and package into `staging`, then publish.
     With `cached`, a wheel built and verified from the same inputs before
     (wheel_cache.restore) stands in for patch, build and verify."""
-    tag = line.tag
-    _step(f"fetch + verify pins of {tag} (vllm sdist, official {arch} wheel)")
-    sdist = fetch_sdist(tag)
-    official = fetch_wheel(arch, tag)
+    line = ctx.line
+    _step(f"fetch + verify pins of {ctx.tag} (vllm sdist, official {arch} wheel)")
+    sdist, official = fetch_inputs(ctx, arch)
     epoch = source_date_epoch(sdist)
-    entry_key = wheel_cache.key(line, version, arch, epoch)  # the inputs, before any work
+    entry_key = wheel_cache.key(ctx, arch, epoch)  # the inputs, before any work
     wheel = wheel_cache.restore(line, arch, entry_key, staging, _step) if cached else None
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     try:
@@ -304,54 +290,65 @@ def _build(
             _step(f"build: {wheel.name} as built and verified before (--no-cache: build again)")
         else:
             wheel = _build_and_verify(
-                arch, workdir, line, staging, version, names, official, epoch, tree_parent
+                ctx, arch, workdir, staging, sdist, official, epoch, tree_parent
             )
             wheel_cache.store(line, arch, entry_key, wheel)
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
         others = [dist / p for p in other_arches(dist, wheel)]
-        extras = describe(wheel, line, sdist, official, arch, epoch, signer, others)
+        extras = describe(wheel, ctx, sdist, official, arch, epoch, signer, others)
         _step(f"package into {dist}")
         final = publish(wheel, dist, extras, signer)
     finally:
         shutil.rmtree(tree_parent, ignore_errors=True)
-    return Release(line, version, final, sdist, official, arch, epoch)
+    return Release(ctx, final, sdist, official, arch, epoch)
 
 
 def _build_and_verify(
+    ctx: BuildContext,
     arch: str,
     workdir: Path,
-    line: Line,
     staging: Path,
-    version: str,
-    names: list[str],
+    sdist: Path,
     official: Path,
     epoch: int,
     tree_parent: Path,
 ) -> Path:
     """Patch a pristine tree, build the wheel into `staging`, verify it."""
-    _step(f"patch: pristine vllm {line.tag} sdist + {len(names)} patches (quilt)")
-    tree = prepare_tree(tree_parent / "vllm", line)
-    _step(f"build: vllm {version} (setup.py, precompiled kernels)")
+    _step(f"patch: pristine vllm {ctx.tag} sdist + {len(ctx.series)} patches (quilt)")
+    tree = patch_tree(tree_parent / "vllm", ctx, sdist)
+    _step(f"build: vllm {ctx.version} (setup.py, precompiled kernels)")
     t0 = time.monotonic()
     wheel = build_wheel(
         tree,
-        version,
+        ctx.version,
         official,
         arch,
         staging,
         epoch,
         workdir / "logs" / "build.log",
-        line.official_cuda(),
+        ctx.cuda,
     )
     _step(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
     _step(f"verify against {official.name}")
-    problems = verify_wheel(wheel, official, tree, version, line, names)
+    problems = verify_wheel(wheel, official, tree, ctx)
     if problems:
         raise Fail(
             f"{wheel.name} differs from the official wheel beyond the series "
             "(nothing was written to dist/):\n  " + "\n  ".join(problems)
         )
     return wheel
+
+
+def check_revision(ctx: BuildContext) -> None:
+    """The version is the changelog's newest entry (a revision is bumped with
+    its entry: tpfix.maint.revision)."""
+    line = ctx.line
+    newest = next(iter(changelog_entries(line)), ("none", ""))[0]
+    if newest != ctx.version:
+        raise Fail(
+            f"{shown(line.version_file)}: {ctx.version}, but {shown(line.changelog)}'s newest "
+            f"entry is {newest}; run: {bump_command(line)}"
+        )
 
 
 def main() -> None:
@@ -390,7 +387,11 @@ def main() -> None:
 
     signer = args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)
-    arches = wheel_arches(line.tag) if args.arch == "all" else [args.arch]
+    ctx = BuildContext.resolve(line)  # the one read of VERSION, series and pins
+    check_revision(ctx)
+    arches = ctx.arches if args.arch == "all" else [args.arch]
+    if not set(arches) <= set(ctx.arches):
+        raise Fail(f"{shown(line.pins)}: no official wheel pinned for arch {args.arch!r}")
     if args.image:
         check_image_args(args, arches)  # before any download
     args.dist = args.dist or line.dist
@@ -398,11 +399,10 @@ def main() -> None:
     sigterm_as_interrupt()
     # The image stage reads dist/: no other build may replace the wheel meanwhile.
     with build_locks(args.workdir, args.dist):
+        dist = _prepare_folders(args.workdir, args.dist)
         releases = []
         for arch in arches:
-            release = _run_locked(
-                arch, args.dist, args.workdir, line, signer, cached=not args.no_cache
-            )
+            release = _run_locked(ctx, arch, dist, args.workdir, signer, not args.no_cache)
             print(release.wheel, flush=True)
             releases.append(release)
         if args.image:

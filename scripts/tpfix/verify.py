@@ -20,6 +20,7 @@ import argparse
 import re
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
@@ -27,6 +28,9 @@ from tpfix.lines import Line
 from tpfix.patch_format import diff_files, read_series
 from tpfix.util import Fail, main_wrapper, shown
 from tpfix.wheelfile import parse_metadata, requirements
+
+if TYPE_CHECKING:
+    from tpfix.context import BuildContext
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -58,17 +62,12 @@ def _changed_pins(touched: set[str], tree: Path) -> set[str]:
     return projects
 
 
-def verify_wheel(
-    built: Path,
-    official: Path,
-    tree: Path,
-    version: str,
-    line: Line,
-    names: list[str] | None = None,
-) -> list[str]:
-    """Return a list of human-readable differences that are not allowed."""
+def verify_wheel(built: Path, official: Path, tree: Path, ctx: BuildContext) -> list[str]:
+    """Return a list of human-readable differences that are not allowed
+    between `built` (from `tree`, the context's series applied) and `official`."""
     problems: list[str] = []
-    touched = touched_files(line, names)
+    version = ctx.version
+    touched = touched_files(ctx.line, list(ctx.series))
     with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
         bn = {_norm(n): n for n in b.namelist()}
         on = {_norm(n): n for n in o.namelist()}
@@ -142,11 +141,11 @@ def main() -> None:
     ap.add_argument("tree", type=Path)
     ap.add_argument("--line", help="release line (default: the pinned tag)")
     args = ap.parse_args()
-    from tpfix.lines import get_line, read_version
+    from tpfix.context import BuildContext
+    from tpfix.lines import get_line
 
-    line = get_line(args.line)
-    version = read_version(line.version_file)
-    problems = verify_wheel(args.built, args.official, args.tree, version, line)
+    ctx = BuildContext.resolve(get_line(args.line))
+    problems = verify_wheel(args.built, args.official, args.tree, ctx)
     if problems:
         raise Fail(
             f"{args.built.name} does not match the official wheel:\n  " + "\n  ".join(problems)

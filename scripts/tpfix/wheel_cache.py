@@ -25,21 +25,25 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.lines import Line, fingerprint
+from tpfix.context import BuildContext
+from tpfix.lines import Line
 from tpfix.util import ROOT, cache_dir, cache_lock, sha256_file
 
 # What a build's bytes depend on besides the line: the build requirements
 # (their lock: the exact versions) and the modules that fetch the inputs into
-# a tree, patch it and build.
+# a tree, patch it and build (the context: which series the tree gets).
 KEY_FILES = [
     ROOT / "ci" / "requirements-build.lock",
-    *(ROOT / "scripts" / "tpfix" / f"{m}.py" for m in ("build", "patch", "patch_format", "quilt")),
+    *(
+        ROOT / "scripts" / "tpfix" / f"{m}.py"
+        for m in ("build", "context", "patch", "patch_format", "quilt")
+    ),
 ]
 
 
-def key(line: Line, version: str, arch: str, epoch: int) -> str:
+def key(ctx: BuildContext, arch: str, epoch: int) -> str:
     h = hashlib.sha256()
-    for part in (fingerprint(line), version, arch, str(epoch), sys.version.split()[0]):
+    for part in (ctx.fingerprint, ctx.version, arch, str(epoch), sys.version.split()[0]):
         h.update(part.encode() + b"\0")
     for f in KEY_FILES:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")

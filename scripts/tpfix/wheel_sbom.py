@@ -57,8 +57,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from tpfix.lines import Line, read_version
-from tpfix.patch_format import read_patch, read_series
+from tpfix.context import BuildContext
+from tpfix.lines import Line
+from tpfix.patch_format import read_patch
 from tpfix.sbom import (
     DECLARED,
     DISTRIBUTION,
@@ -131,15 +132,15 @@ def upstream_status(header, rebased: str | None) -> tuple[str, str]:
     return status, f"{reason}; {rebased}" if rebased else reason
 
 
-def patch_entries(line: Line) -> list[Patch]:
+def patch_entries(ctx: BuildContext) -> list[Patch]:
     """One CycloneDX patch per patch of the line's series: the upstream issue
     it resolves (its `Bug:`, `Related:` as references), whose description
     names the patch file, its place in the series and what upstream did with
     it.  Advisories that advisories.toml says a patch fixes are among its
     `resolves`, as security issues.  The library sorts patches; `dumps` puts
     them back in series order."""
+    line, names = ctx.line, ctx.series
     _, triage = load_triage(line)
-    names = read_series(line.series)
     rebased = _rebase_status(line)
     out = []
     for pos, name in enumerate(names, 1):
@@ -310,17 +311,18 @@ def _upstream(kind: str, path: Path, version: str, license: str) -> Component:
     )
 
 
-def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Component:
+def wheel_component(wheel: Path, ctx: BuildContext, sdist: Path, official: Path) -> Component:
     """Our wheel, with its pedigree (upstream inputs and the series)."""
+    line = ctx.line
     meta = _metadata(wheel)
     upstream = meta["version"].split("+")[0]
     license = meta["license"] or "Apache-2.0"
-    patches = patch_entries(line)
+    patches = patch_entries(ctx)
     rebased = _rebase_status(line)
     status = "; ".join(
         f"{name.split('-', 1)[0]} "
         + upstream_status(read_patch(line.patches / name).header, rebased.get(name))[0]
-        for name in read_series(line.series)
+        for name in ctx.series
     )
     return Component(
         type=ComponentType.LIBRARY,
@@ -335,8 +337,7 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
         authors=[OrganizationalContact(name=UPSTREAM), OrganizationalContact(name=DISTRIBUTION)],
         hashes=[sha256_hash(sha256_file(wheel))],
         licenses=[LicenseExpression(license)],
-        description=f"vLLM {line.tag} with the tpfix series "
-        f"({len(read_series(line.series))} patches)",
+        description=f"vLLM {line.tag} with the tpfix series ({len(ctx.series)} patches)",
         external_references=[
             ExternalReference(
                 type=ExternalReferenceType.VCS,
@@ -361,9 +362,9 @@ def wheel_component(wheel: Path, line: Line, sdist: Path, official: Path) -> Com
     )
 
 
-def wheel_bom(wheel: Path, line: Line, sdist: Path, official: Path, epoch: str | int) -> Bom:
-    root = wheel_component(wheel, line, sdist, official)
-    bom = new_bom(root, sha256_file(wheel), epoch, read_version(line.version_file))
+def wheel_bom(wheel: Path, ctx: BuildContext, sdist: Path, official: Path, epoch: str | int) -> Bom:
+    root = wheel_component(wheel, ctx, sdist, official)
+    bom = new_bom(root, sha256_file(wheel), epoch, ctx.version)
     bom.metadata.properties.add(Property(name="tpfix:inventory", value=DECLARED))
     reqs = requirement_components(_metadata(wheel)["requires"])
     for c in reqs:
