@@ -5,11 +5,11 @@
 # working directory; same Python environment except what the series re-pins).
 #
 # Build it with  ./build.sh --image  (or python -m tpfix.image once dist/ holds the
-# wheel): scripts/tpfix/image.py stages the build context under build/dists/ (outside dist/):
+# wheel): scripts/tpfix/image/image.py stages the build context under build/dists/ (outside dist/):
 #   dist/<wheel> + dist/SHA256SUMS   the wheel ./build.sh produced, and its line
 #                                     of dist/SHA256SUMS (the only entry copied)
 #   wheels/*.whl + wheels/SHA256SUMS  requirements the series re-pins (from pins/)
-#   image_inside.py                   the steps below (scripts/tpfix/image_inside.py)
+#   image_inside.py                   the steps below (scripts/tpfix/image/image_inside.py)
 # and passes the labels' values.  Reproducible: it also passes one fixed
 # SOURCE_DATE_EPOCH (buildah --timestamp, BuildKit's SOURCE_DATE_EPOCH build
 # argument), so two builds of one commit give the same layer and config.

@@ -5,8 +5,8 @@
 #   fetch -> verify -> patch -> build -> verify -> package   (scripts/tpfix/pipeline.py)
 # Options: --arch x86_64|aarch64, --dist DIR, --no-cache (see scripts/tpfix/pipeline.py);
 # --line TAG: another release line (patches/TAG/); --image: then the container image
-# from that wheel (Dockerfile, scripts/tpfix/image.py).
-# ./build.sh doctor [...] -- vllm serve ...: preflight of a serve line (scripts/tpfix/doctor.py).
+# from that wheel (Dockerfile, scripts/tpfix/image/image.py).
+# ./build.sh doctor [...] -- vllm serve ...: preflight of a serve line (scripts/tpfix/preflight/doctor.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 # shellcheck source=ci/venv.sh
@@ -18,7 +18,7 @@ doctor)
     # the replays import vLLM from source trees and FlashInfer: their
     # runtime requirements (every line's requirements/common.txt), once
     ensure_venv ci/requirements-replay.lock
-    exec "$VENV_PY" -m tpfix.doctor "$@"
+    exec "$VENV_PY" -m tpfix.preflight.doctor "$@"
     ;;
 esac
 exec "$VENV_PY" -m tpfix.pipeline "$@"

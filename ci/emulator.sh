@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # The binfmt_misc entry (qemu-user-static) that runs the other official
-# arch's binaries on this host, as tpfix.image_engine.check_platform reads
+# arch's binaries on this host, as tpfix.image.image_engine.check_platform reads
 # it: the image of that arch runs its base's python3 in the build.
 case $(uname -m) in
 x86_64) echo qemu-aarch64 ;;

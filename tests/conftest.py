@@ -16,7 +16,7 @@ import pytest
 from repo_copy import copy_repo
 from xdist.scheduler import LoadScopeScheduling
 
-from tpfix.lines import Line, get_line, line_names
+from tpfix.core.lines import Line, get_line, line_names
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

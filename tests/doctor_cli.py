@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpfix import doctor
+from tpfix.preflight import doctor
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpfix.lines import get_line, newest_line
+from tpfix.core.lines import get_line, newest_line
+from tpfix.core.patch_format import read_patch, read_series
 from tpfix.maint.port_facts import fixes
 from tpfix.maint.port_facts import load as load_facts
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_patch, read_series
+from tpfix.stages.patch import cached_tree
 
 TAG = newest_line()  # the newest line: what goes upstream (maint.export's default)
 PORT = get_line(TAG).patches

@@ -12,10 +12,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tpfix.lines import Line, get_line
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_series
+from tpfix.core.lines import Line, get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import patch_checks, run_scenario
+from tpfix.stages.patch import cached_tree
 
 BUG_C = "bug_c:import_flashinfer_all_reduce"
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tpfix.util import ROOT
+from tpfix.core.util import ROOT
 
 
 def copy_repo(copy: Path) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from small_dist import sha
 
-from tpfix import sbom
-from tpfix.lines import get_line, read_version
-from tpfix.patch_format import read_patch, read_series
+from tpfix.core.lines import get_line, read_version
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.release import sbom
 
 
 def defect(patch: dict) -> dict:

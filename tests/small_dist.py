@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """A small dist/ for the tests of the package stage, the provenance, the SBOM
-and the advisories: the package stage (tpfix.package.describe + publish, the
+and the advisories: the package stage (tpfix.stages.package.describe + publish, the
 real code) on a tiny wheel made here, with two small files standing in for the
 upstream sdist and official wheel (only their sha256 goes into the documents)
 and the default line's real series; and the checks an operator runs on it."""
@@ -21,9 +21,10 @@ from in_toto_attestation.v1 import statement_pb2
 from in_toto_attestation.v1.statement import Statement
 from wheels import make_wheel
 
-from tpfix import attest, package
-from tpfix.context import BuildContext
-from tpfix.lines import get_line
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.release import attest
+from tpfix.stages import package
 
 SIDE = (".cdx.json", ".provenance.json", ".metadata")
 

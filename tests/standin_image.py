@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.fetch import fetch_test_dep, fetch_wheel
-from tpfix.lines import TAG, get_line
-from tpfix.patch import cached_tree
+from tpfix.core.lines import TAG, get_line
+from tpfix.core.util import cache_dir, cache_lock, host_arch
 from tpfix.replay.harness import pinned_flashinfer
-from tpfix.util import cache_dir, cache_lock, host_arch
+from tpfix.stages.fetch import fetch_test_dep, fetch_wheel
+from tpfix.stages.patch import cached_tree
 
 SUITE = "bookworm"
 # Unpacked, not installed (mmdebstrap's `extract` variant: no maintainer

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Known advisories for what a wheel ships, and our VEX (tpfix.advisories,
-tpfix.triage).
+"""Known advisories for what a wheel ships, and our VEX (tpfix.audit.advisories,
+tpfix.release.triage).
 
 The advisory tests run the real pip-audit against an OSV-compatible service
 simulated on 127.0.0.1 (it answers one made-up advisory for vllm 0.27.1 and
@@ -31,11 +31,13 @@ from served import Served
 from small_dist import check_sums, publish_small, sums
 from wheels import make_wheel
 
-from tpfix import advisories, image_sbom, sbom, triage, wheel_sbom
-from tpfix.context import BuildContext
-from tpfix.lines import get_line, line_names
-from tpfix.patch_format import read_patch, read_series
-from tpfix.util import ROOT, Fail
+from tpfix.audit import advisories
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line, line_names
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.core.util import ROOT, Fail
+from tpfix.image import image_sbom
+from tpfix.release import sbom, triage, wheel_sbom
 
 ADVISORY = {
     "id": "GHSA-tpfx-test-0001",
@@ -94,7 +96,7 @@ def osv():
 
 def _advise(dist: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tpfix.advisories", "--dist", str(dist), *args],
+        [sys.executable, "-m", "tpfix.audit.advisories", "--dist", str(dist), *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -256,9 +258,9 @@ def test_markers_are_evaluated_for_the_image_not_this_host(tmp_path: Path):
 @pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
 def test_uv_resolves_the_wheel_for_the_image_from_an_index(tmp_path: Path):
     """The real resolver (uv), from an index of tiny wheels served on 127.0.0.1
-    (our own tpfix.index pages): a requirement with a marker true only in the
+    (our own tpfix.release.index pages): a requirement with a marker true only in the
     image's Python is resolved, one true only on aarch64 is not."""
-    from tpfix.index import write_index
+    from tpfix.release.index import write_index
 
     served = tmp_path / "served"
     wheel = make_wheel(

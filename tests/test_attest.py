@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Provenance and signing (tpfix.attest): the SLSA v1 statement about the
+"""Provenance and signing (tpfix.release.attest): the SLSA v1 statement about the
 wheel, parsed back through in-toto-attestation; a DSSE envelope that verifies
 with the operator's key only; the key read once and hidden from the build; a
 bad key stopping the build before any download; URLs and the command line
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from small_dist import forge, keypair, publish_small, sha, statement, sums
 
-from tpfix import attest
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
-from tpfix.util import ROOT, Fail, public_url
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import ROOT, Fail, public_url
+from tpfix.release import attest
 
 
 @pytest.mark.slow  # a package stage (about a second): not while editing a patch
@@ -63,7 +63,7 @@ def test_signed_provenance_verifies_with_the_operators_key_only(tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "tpfix.attest",
+            "tpfix.release.attest",
             "verify",
             str(env),
             "--key",
@@ -164,5 +164,8 @@ def test_recorded_command_leaves_out_output_folders_only():
     args.insert(2, "--no-cache")  # a rebuild from the cache: the same bytes
     pipeline = str(ROOT / "scripts" / "tpfix" / "pipeline.py")  # sys.argv[0] of ./build.sh
     assert attest.build_command([pipeline, *args]) == "./build.sh --line v0.33.0 --image"
-    image = str(ROOT / "scripts" / "tpfix" / "image.py")
+    image = str(ROOT / "scripts" / "tpfix" / "image" / "__main__.py")  # python -m tpfix.image
     assert attest.build_command([image, "--dist", "d"]) == "python -m tpfix.image"
+    # a module of a group folder: its dotted name
+    advisories = str(ROOT / "scripts" / "tpfix" / "audit" / "advisories.py")
+    assert attest.build_command([advisories]) == "python -m tpfix.audit.advisories"

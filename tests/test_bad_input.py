@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from repo_copy import run_in_copy, run_pipeline
 
-from tpfix.lines import get_line, revision_number, sdist_pin
-from tpfix.patch_format import read_series, split
-from tpfix.util import cache_dir
+from tpfix.core.lines import get_line, revision_number, sdist_pin
+from tpfix.core.patch_format import read_series, split
+from tpfix.core.util import cache_dir
 
 FAKE_SHA = "0" * 64
 # The default line (the top-level VERSION) is the one broken here: the
@@ -45,7 +45,7 @@ def _set_sdist_sha(repo: Path, sha: str) -> None:
 def test_wrong_hash_names_file_expected_and_actual(repo: Path, tmp_path: Path):
     _set_sdist_sha(repo, FAKE_SHA)
     cache = tmp_path / "cache"
-    proc = run_in_copy(repo, "-m", "tpfix.patch", str(tmp_path / "tree"), cache=cache)
+    proc = run_in_copy(repo, "-m", "tpfix.stages.patch", str(tmp_path / "tree"), cache=cache)
     assert proc.returncode == 2
     err = proc.stderr
     assert f"{SDIST}: sha256 mismatch" in err
@@ -70,7 +70,7 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
     proc = run_in_copy(
         repo,
         "-c",
-        f"from tpfix.fetch import fetch_sdist; print(fetch_sdist({TAG!r}))",
+        f"from tpfix.stages.fetch import fetch_sdist; print(fetch_sdist({TAG!r}))",
         cache=cache,
     )
     assert proc.returncode == 0, proc.stderr
@@ -79,8 +79,8 @@ def test_corrupt_cache_entry_is_replaced_by_a_verified_download(repo: Path, tmp_
 
 
 def test_truncated_file_is_named_with_sizes_and_hashes(tmp_path: Path):
-    from tpfix.fetch import check_file
-    from tpfix.util import Fail
+    from tpfix.core.util import Fail
+    from tpfix.stages.fetch import check_file
 
     pin = sdist_pin(get_line().tag)
     part = tmp_path / pin.filename
@@ -98,7 +98,7 @@ def test_missing_artifact_is_reported(repo: Path, tmp_path: Path):
     sdist = f'version = "{PUB}"\nrole = "sdist"'
     assert sdist in pins.read_text()
     pins.write_text(pins.read_text().replace(sdist, f'version = "{PUB}99"\nrole = "sdist"'))
-    proc = run_in_copy(repo, "-m", "tpfix.fetch", cache=tmp_path / "cache")
+    proc = run_in_copy(repo, "-m", "tpfix.stages.fetch", cache=tmp_path / "cache")
     assert proc.returncode == 2
     assert f"{SDIST}: vllm=={PUB}99 is not available" in proc.stderr
 
@@ -128,7 +128,7 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 ):
     name, path = _break_patch(repo, how)
     dest = tmp_path / "out" / "tree"
-    proc = run_in_copy(repo, "-m", "tpfix.patch", str(dest))
+    proc = run_in_copy(repo, "-m", "tpfix.stages.patch", str(dest))
     assert proc.returncode == 2, proc.stderr
     assert f"patches/{TAG}/{name}" in proc.stderr
     assert path in proc.stderr
@@ -138,7 +138,9 @@ def test_unappliable_patch_names_patch_and_file_and_leaves_no_tree(
 
 
 def test_missing_quilt_is_named_with_the_fix(repo: Path, tmp_path: Path):
-    proc = run_in_copy(repo, "-m", "tpfix.patch", str(tmp_path / "t"), env={"PATH": "/nonexistent"})
+    proc = run_in_copy(
+        repo, "-m", "tpfix.stages.patch", str(tmp_path / "t"), env={"PATH": "/nonexistent"}
+    )
     assert proc.returncode == 2
     assert "`quilt` not found on PATH; install it (Debian: apt-get install quilt)" in proc.stderr
     assert not (tmp_path / "t").exists()
@@ -194,7 +196,7 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
 def test_bad_version_file_is_refused(repo: Path, text: str, message: str):
     (repo / "patches" / TAG / "VERSION").write_text(text + "\n")
     read = "lines.read_version(lines.LINES / lines.TAG / 'VERSION')"
-    code = f"from tpfix import lines, util; util.main_wrapper(lambda: {read})"
+    code = f"from tpfix.core import lines, util; util.main_wrapper(lambda: {read})"
     proc = run_in_copy(repo, "-c", code)
     assert proc.returncode == 2
     assert message in proc.stderr

@@ -22,8 +22,8 @@ from __future__ import annotations
 import pytest
 from replays import prefix_trees, suites
 
-from tpfix.lines import get_line, line_names
-from tpfix.patch_format import diff_files, read_series
+from tpfix.core.lines import get_line, line_names
+from tpfix.core.patch_format import diff_files, read_series
 
 pytestmark = pytest.mark.slow
 

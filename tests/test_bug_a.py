@@ -51,8 +51,8 @@ from pathlib import Path
 import pytest
 from replays import source_line, suites
 
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay import bug_a
 from tpfix.replay.harness import patch_checks, run_scenario, tree_after, tree_before
 

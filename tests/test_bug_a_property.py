@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from replays import source_line
 
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import run_scenario, tree_after
 
 LINE = source_line(get_line())  # v0.27.1, whose series the bug-A patches were written on

@@ -44,8 +44,8 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.bug_b import MIB2, NARROW_DRAFT, check_run_case
 from tpfix.replay.harness import (
     run_scenario,

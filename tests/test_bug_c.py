@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from replays import BUG_C, bug_c_patch
 
-from tpfix.lines import get_line, read_pin_file
-from tpfix.patch import cached_tree
+from tpfix.core.lines import get_line, read_pin_file
 from tpfix.replay.harness import (
     pinned_flashinfer,
     run_scenario,
     tree_after,
     tree_before,
 )
+from tpfix.stages.patch import cached_tree
 
 SPEC = BUG_C
 LINE = get_line()

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_build_sh
 
-from tpfix.context import BuildContext
-from tpfix.fetch import fetch_wheel
-from tpfix.lines import get_line, read_version, wheel_pin
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_series
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line, read_version, wheel_pin
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import tree_after
-from tpfix.verify import touched_files, verify_wheel
+from tpfix.stages.fetch import fetch_wheel
+from tpfix.stages.patch import cached_tree
+from tpfix.stages.verify import touched_files, verify_wheel
 
 # builds two wheels with ./build.sh
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def official() -> Path:
 
 
 def _arch() -> str:
-    from tpfix.util import host_arch
+    from tpfix.core.util import host_arch
 
     return host_arch()
 
@@ -74,7 +74,7 @@ def test_sha256sums_lists_the_wheel(built: Path):
 
 
 def _walk(built: Path, official: Path, touched: set[str], tree: Path, min_binaries: int) -> str:
-    """Independent of scripts/tpfix/verify.py: walk both wheels here; the
+    """Independent of scripts/tpfix/stages/verify.py: walk both wheels here; the
     built wheel's METADATA comes back."""
     with zipfile.ZipFile(built) as b, zipfile.ZipFile(official) as o:
         bnames = {n for n in b.namelist() if ".dist-info/" not in n}

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""One build's inputs resolved once (scripts/tpfix/context.py), for every
+"""One build's inputs resolved once (scripts/tpfix/core/context.py), for every
 committed line: BuildContext says what the line's own files say (VERSION,
 series, pins.toml, the fingerprint), reads each of them once, takes the
 arches from the pins, and refuses an arch or a file it does not have with
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.context import BuildContext, Release
-from tpfix.lines import Line, fingerprint, get_line, line_names, load_pins, read_version
-from tpfix.patch_format import read_series
-from tpfix.util import Fail
+from tpfix.core.context import BuildContext, Release
+from tpfix.core.lines import Line, fingerprint, get_line, line_names, load_pins, read_version
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import Fail
 
 
 @pytest.mark.parametrize("tag", line_names())

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """`./build.sh doctor --from FILE`: the serve line and its environment read
-from Kubernetes manifests and compose files (tpfix.deployment_file), in the
+from Kubernetes manifests and compose files (tpfix.preflight.deployment_file), in the
 shapes vLLM's Kubernetes guide and the production-stack Helm chart render
 (tests/fixtures/deployments/).  Fast: the reader; slow: the doctor on a
 manifest, end to end."""
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tpfix import doctor
-from tpfix.deployment_file import Container, serve_line, serve_of
-from tpfix.util import Fail
+from tpfix.core.util import Fail
+from tpfix.preflight import doctor
+from tpfix.preflight.deployment_file import Container, serve_line, serve_of
 
 FILES = Path(__file__).resolve().parent / "fixtures" / "deployments"
 TARGET = "tests/fixtures/models/Qwen3-30B-A3B"

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from wheels import make_wheel
 
-from tpfix import image, package, pipeline
-from tpfix.context import BuildContext, Release
-from tpfix.lines import dist_state, get_line, line_names, read_version
-from tpfix.util import ROOT
+from tpfix import pipeline
+from tpfix.core.context import BuildContext, Release
+from tpfix.core.lines import dist_state, get_line, line_names, read_version
+from tpfix.core.util import ROOT
+from tpfix.image import image
+from tpfix.stages import package
 
 
 def test_the_pipelines_steps_leave_only_published_files_in_dist(tmp_path: Path):

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """Checking a signed dist/ with nothing but what dist/ holds: verify.py
-(scripts/tpfix/dist_verify.py) in a Python that has only `cryptography`,
-and `tpfix.attest verify` / `verify-dist`, which must give the same verdict
+(scripts/tpfix/release/dist_verify.py) in a Python that has only `cryptography`,
+and `tpfix.release.attest verify` / `verify-dist`, which must give the same verdict
 and exit code on every input.  On small dists (tests/small_dist.py).
 """
 
@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 from small_dist import forge, keypair, publish_small, sha, sums
 
-from tpfix import package, pipeline
-from tpfix.util import Fail
+from tpfix.core.util import Fail
+from tpfix.release import dist_verify
+from tpfix.stages import package
 
 
 @pytest.mark.slow  # a subprocess for the release artifacts
 def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
     priv, pub = keypair(tmp_path)
-    from tpfix import attest
+    from tpfix.release import attest
 
     stmt = tmp_path / "x.provenance.json"
     subject = [{"name": "x.whl", "digest": {"sha256": "0" * 64}}]
@@ -34,7 +35,7 @@ def test_attest_verify_without_artifact_is_refused(tmp_path: Path):
     stmt.write_text(json.dumps({**doc, "subject": subject, "predicate": {"buildDefinition": {}}}))
     env = tmp_path / "x.intoto.jsonl"
     env.write_text(attest.sign(stmt.read_bytes(), attest.load_signer(priv)))
-    cmd = [sys.executable, "-m", "tpfix.attest", "verify", str(env), "--key", str(pub)]
+    cmd = [sys.executable, "-m", "tpfix.release.attest", "verify", str(env), "--key", str(pub)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "signature OK" not in proc.stdout
@@ -114,14 +115,12 @@ def test_dist_verify_py_checks_a_signed_dist_without_this_repository(tmp_path: P
     _, other = keypair(tmp_path / "other")
     proc = check(genv, gwheel, other)
     assert proc.returncode == 2 and "no signature verifies" in proc.stderr, proc.stderr
-    assert verify_py.read_bytes() == (
-        Path(pipeline.__file__).with_name("dist_verify.py").read_bytes()
-    )
+    assert verify_py.read_bytes() == (Path(dist_verify.__file__).read_bytes())
 
 
 @pytest.mark.slow  # a package stage (about a second)
 def test_both_verifiers_agree_on_every_input(tmp_path: Path):
-    """verify.py (what dist/ ships) and tpfix.attest verify give the same
+    """verify.py (what dist/ ships) and tpfix.release.attest verify give the same
     verdict and exit status on each input: 0 for the signed wheel, also with
     a changed keyid (an unauthenticated hint in DSSE: a keyid names no key),
     2 for a changed wheel, a forged statement, another key, a missing file."""
@@ -150,7 +149,7 @@ def test_both_verifiers_agree_on_every_input(tmp_path: Path):
     inputs["another key"] = (env, wheel, other, 2)
     inputs["missing wheel"] = (env, tmp_path / "nope.whl", pub, 2)
     verify_py = [sys.executable, "-I", str(dist / "verify.py")]
-    attest_verify = [sys.executable, "-m", "tpfix.attest", "verify"]
+    attest_verify = [sys.executable, "-m", "tpfix.release.attest", "verify"]
     for what, (envelope, artifact, key, status) in inputs.items():
         args = [str(envelope), "--key", str(key), "--artifact", str(artifact)]
         for tool in (verify_py, attest_verify):
@@ -166,7 +165,7 @@ def test_a_signed_dist_is_signed_as_a_whole(tmp_path: Path):
     agree: the release engineer's probe (an SBOM edited and its SHA256SUMS
     line rewritten) and a changed file fail both; adding files needs the
     key; an unsigned build into the folder drops the old signature."""
-    from tpfix import attest
+    from tpfix.release import attest
 
     priv, pub = keypair(tmp_path)
     dist, wheel, _, _ = publish_small(tmp_path, key=priv)
@@ -180,7 +179,7 @@ def test_a_signed_dist_is_signed_as_a_whole(tmp_path: Path):
     assert {wheel.name, f"{wheel.name}.cdx.json", "simple/vllm/index.html"} <= set(subjects)
     tools = {
         "verify.py": [sys.executable, "-I", str(dist / "verify.py"), "--dist", str(dist)],
-        "attest": [sys.executable, "-m", "tpfix.attest", "verify-dist", str(dist)],
+        "attest": [sys.executable, "-m", "tpfix.release.attest", "verify-dist", str(dist)],
     }
 
     def verdicts() -> dict[str, tuple[int, str]]:
@@ -228,7 +227,7 @@ def test_verify_py_takes_every_key_type_attest_signs_with(tmp_path: Path, kind: 
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-    from tpfix import attest
+    from tpfix.release import attest
 
     key = {
         "ecdsa-p256": lambda: ec.generate_private_key(ec.SECP256R1()),
@@ -255,7 +254,7 @@ def test_verify_py_takes_every_key_type_attest_signs_with(tmp_path: Path, kind: 
     payload = json.dumps({**doc, "subject": subject, "predicate": {}}).encode()
     env = tmp_path / "x.intoto.jsonl"
     env.write_text(attest.sign(payload, attest.load_signer(priv)))
-    script = Path(pipeline.__file__).with_name("dist_verify.py")
+    script = Path(dist_verify.__file__)
     cmd = [sys.executable, "-I", str(script), str(env), "--key", str(pub), "--artifact"]
     proc = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.util import ROOT
+from tpfix.core.util import ROOT
 
 DOCS = sorted(
     [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("patches/*/CHANGELOG.md")]

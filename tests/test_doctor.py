@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The preflight command (tpfix.doctor): a `vllm serve` line as the operator
+"""The preflight command (tpfix.preflight.doctor): a `vllm serve` line as the operator
 writes it, parsed by the line's own vLLM, its cold and warm start replayed on
 the pristine and on the patched tree (scripts/tpfix/replay/doctor_scenario.py).
 
@@ -24,8 +24,8 @@ import pytest
 from doctor_cli import run_doctor, serve, spec
 from replays import bug_c_patch
 
-from tpfix import doctor, doctor_text
-from tpfix.lines import get_line
+from tpfix.core.lines import get_line
+from tpfix.preflight import doctor, doctor_text
 from tpfix.replay import bug_a
 from tpfix.replay.harness import run_scenario
 

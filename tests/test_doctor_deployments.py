@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Deployments through the preflight (tpfix.doctor), each verdict checked
+"""Deployments through the preflight (tpfix.preflight.doctor), each verdict checked
 against the replay's own scenarios (bug_a:cold_start and
 bug_a:warm_start_capture_order, run separately, with the hidden sizes written
 here, not taken from the doctor) on the same trees.  The serve lines use the
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from doctor_cli import run_doctor, serve, spec
 
-from tpfix import doctor
+from tpfix.preflight import doctor
 from tpfix.replay.harness import Interpreter
 
 

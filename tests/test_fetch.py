@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Stage 1, fetch (scripts/tpfix/fetch.py), with the real pip against a tiny
+"""Stage 1, fetch (scripts/tpfix/stages/fetch.py), with the real pip against a tiny
 package index served on 127.0.0.1 from tmp_path: a made-up project's wheel
 and sdist (a few hundred bytes), the download cache in tmp_path
 (VLLM_DIST_CACHE).  pip is cut off from this machine's configuration
@@ -37,9 +37,9 @@ import pytest
 from served import Served
 from wheels import make_wheel
 
-from tpfix import fetch
-from tpfix.lines import PINS, Artifact, get_line, line_names
-from tpfix.util import Fail
+from tpfix.core.lines import PINS, Artifact, get_line, line_names
+from tpfix.core.util import Fail
+from tpfix.stages import fetch
 
 PROJECT = "tpfix-standin"  # a made-up project: no real index serves it
 VERSION = "1.0"

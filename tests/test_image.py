@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The container image (Dockerfile, scripts/tpfix/image.py), built here without a registry.
+"""The container image (Dockerfile, scripts/tpfix/image/image.py), built here without a registry.
 
 The real base, vllm/vllm-openai:v0.27.1, cannot be pulled; tests/standin_image.py
 builds a local stand-in (Debian rootfs + the official v0.27.1 wheel and
@@ -34,16 +34,17 @@ from packageurl import PackageURL
 from served import Served
 from small_dist import sums_dist
 
-from tpfix import image, image_engine, sbom
-from tpfix.build import source_date_epoch
-from tpfix.context import BuildContext
-from tpfix.fetch import fetch_sdist, fetch_wheel
-from tpfix.lines import TAG, get_line, image_tag, read_version
-from tpfix.package import image_name
-from tpfix.patch_format import read_series
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import TAG, get_line, image_tag, read_version
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import ROOT, Fail, host_arch
+from tpfix.image import image, image_engine
+from tpfix.release import sbom
 from tpfix.replay.harness import tree_after
-from tpfix.util import ROOT, Fail, host_arch
-from tpfix.verify import touched_files
+from tpfix.stages.build import source_date_epoch
+from tpfix.stages.fetch import fetch_sdist, fetch_wheel
+from tpfix.stages.package import image_name
+from tpfix.stages.verify import touched_files
 
 # builds a Debian rootfs, a stand-in base image and our image (buildah)
 pytestmark = pytest.mark.slow

@@ -32,10 +32,10 @@ import standin_image
 from served import Served
 from small_dist import check_sums, keypair, sums
 
-from tpfix import image, image_engine
-from tpfix.lines import TAG, get_line, image_tag, wheel_arches
-from tpfix.package import image_name
-from tpfix.util import ROOT, Fail, host_arch, sha256_file
+from tpfix.core.lines import TAG, get_line, image_tag, wheel_arches
+from tpfix.core.util import ROOT, Fail, host_arch, sha256_file
+from tpfix.image import image, image_engine
+from tpfix.stages.package import image_name
 
 # builds both wheels, a stand-in base per arch and our two images (buildah)
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ ELF_MACHINE = {"x86_64": 0x3E, "aarch64": 0xB7}  # e_machine, at byte 18 of an E
 IMAGE_FILES = (".tar", ".cdx.json", ".provenance.json", ".intoto.jsonl")  # per arch
 LIST_FILES = (".oci.tar", ".provenance.json", ".intoto.jsonl")
 SITE_GLOB = "usr/local/lib/python3*/dist-packages"
-ATTEST_VERIFY = [sys.executable, "-m", "tpfix.attest", "verify"]
+ATTEST_VERIFY = [sys.executable, "-m", "tpfix.release.attest", "verify"]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_one_dist_holds_both_wheels_both_images_and_the_list(release):
 def test_every_published_file_verifies_with_both_verifiers(release):
     """verify.py --dist (every listed file under the signed SHA256SUMS), and
     each signed provenance against its artifact with verify.py and with
-    `tpfix.attest verify`, which must agree."""
+    `tpfix.release.attest verify`, which must agree."""
     dist, pub, name = release["dist"], str(release["pub"]), image_name(release["tag"])
     proc = subprocess.run(
         [sys.executable, str(dist / "verify.py"), "--dist", str(dist), "--key", pub],

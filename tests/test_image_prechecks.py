@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from small_dist import sums_dist
 
-from tpfix import image, image_engine
-from tpfix.lines import get_line
-from tpfix.util import ROOT, Fail, host_arch
+from tpfix.core.lines import get_line
+from tpfix.core.util import ROOT, Fail, host_arch
+from tpfix.image import image, image_engine
 
 
 def test_dockerfile_lints_clean():
@@ -125,7 +125,7 @@ def test_sha256sums_with_several_entries_picks_the_wheel(tmp_path):
     """find_wheel (host) and image_inside.check_wheel (in the build) pick the one
     top-level vllm-*.whl line among SBOM, provenance and index entries; none, two,
     or a malformed line is a clear error.  No build: an inline SHA256SUMS."""
-    from tpfix import image_inside
+    from tpfix.image import image_inside
 
     version = get_line().version
     name = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"

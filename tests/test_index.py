@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The static PEP 503 index of a dist folder (scripts/tpfix/index.py).
+"""The static PEP 503 index of a dist folder (scripts/tpfix/release/index.py).
 
 Fast: a tiny wheel made here (project vllm, a local version), its index pages
 and .metadata file, byte-identical on a second run.  Slow: pip resolving it
@@ -28,10 +28,10 @@ import pytest
 from served import Served
 from wheels import VERSION, make_wheel
 
-from tpfix.index import write_index
-from tpfix.lines import get_line
-from tpfix.util import Fail
-from tpfix.wheelfile import wheel_metadata
+from tpfix.core.lines import get_line
+from tpfix.core.util import Fail
+from tpfix.core.wheelfile import wheel_metadata
+from tpfix.release.index import write_index
 
 
 class _Anchors(html.parser.HTMLParser):
@@ -150,7 +150,7 @@ def test_cli_indexes_the_wheels_of_dist(tmp_path):
     # another line's wheels in dist/<tag>/ are not this folder's
     make_wheel(dist / "v0.0.2", "0.0.2+tpfix.1")
     proc = subprocess.run(
-        [sys.executable, "-m", "tpfix.index", str(dist)], text=True, capture_output=True
+        [sys.executable, "-m", "tpfix.release.index", str(dist)], text=True, capture_output=True
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str(dist / w.format(wheel=wheel.name)) for w in WRITTEN]

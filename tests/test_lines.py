@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The release-line data model (tpfix/lines.py), on the committed data and on
+"""The release-line data model (tpfix/core/lines.py), on the committed data and on
 made-up lines in tmp_path.
 
 Every committed line (line_names()): its VERSION names its folder's tag as
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tpfix import lines
-from tpfix.lines import (
+from tpfix.core import lines
+from tpfix.core.lines import (
     Line,
     changelog_entries,
     dist_state,
@@ -45,8 +45,8 @@ from tpfix.lines import (
     wheel_arches,
     wheel_pin,
 )
-from tpfix.patch_format import read_series, split
-from tpfix.util import ROOT, Fail
+from tpfix.core.patch_format import read_series, split
+from tpfix.core.util import ROOT, Fail
 
 NAMES = line_names()
 HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tpfix.core.util import Fail
 from tpfix.maint import lock
-from tpfix.util import Fail
 
 
 def test_the_locks_hold_for_every_line():

@@ -24,10 +24,11 @@ from repo_copy import run_pipeline
 from small_dist import SIDE, check_sums
 from wheels import make_wheel
 
-from tpfix import package, pipeline
-from tpfix.context import BuildContext
-from tpfix.lines import get_line
-from tpfix.util import ROOT, Fail
+from tpfix import pipeline
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.core.util import ROOT, Fail
+from tpfix.stages import package
 
 
 def _mount(target: Path, *args: str) -> None:
@@ -111,7 +112,7 @@ def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
 _KILLED_AT_THE_RENAME = """
 import os, signal, sys
 from pathlib import Path
-from tpfix import package
+from tpfix.stages import package
 os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)  # kill -9 at the rename
 package.write_sums(Path(sys.argv[1]), [Path(sys.argv[2])])
 """
@@ -144,7 +145,7 @@ def test_a_write_killed_at_its_rename_leaves_nothing_after_the_next_build(tmp_pa
 _KILLED_SAVING_THE_LIST = """
 import os, signal, sys
 from pathlib import Path
-from tpfix import image_engine
+from tpfix.image import image_engine
 def killed(cmd, **kw):  # the engine has written part of the layout: kill -9
     layout = Path(cmd[-1].split(":")[1])
     (layout / "blobs").mkdir(parents=True)
@@ -321,7 +322,7 @@ def test_a_full_dist_during_setup_py_names_the_dist_file_system(tmp_path: Path, 
     and says only "No space left on device", as setuptools may) on a full
     dist file system: the error names a file on dist's file system, not the
     work tree, while the tree's file system has room."""
-    from tpfix import build
+    from tpfix.stages import build
 
     tree, work = tmp_path / "work" / "tree.x", tmp_path / "work"
     tree.mkdir(parents=True)
@@ -402,7 +403,7 @@ time.sleep(120)
 _BUILD_STAGE = """
 import sys
 from pathlib import Path
-from tpfix.build import build_wheel
+from tpfix.stages.build import build_wheel
 tree, out = Path(sys.argv[1]), Path(sys.argv[2])
 official = out / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 build_wheel(tree, "0.27.1+tpfix.3", official, "x86_64", out, "1", out / "log", "12.9")

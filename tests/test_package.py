@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The package stage (tpfix.package): what dist/ holds beside the wheel (SBOM,
+"""The package stage (tpfix.stages.package): what dist/ holds beside the wheel (SBOM,
 provenance, index, SHA256SUMS), reproducible, republished whole, and a publish
 killed at any step repaired by the next.  On a small dist/ (small_dist.py;
 the SBOM's content: test_sbom.py, provenance and signing: test_attest.py) and,
@@ -20,10 +20,10 @@ import pytest
 from small_dist import SIDE, check_sums, keypair, publish_small, sha, statement, sums
 from wheels import make_wheel
 
-from tpfix import package
-from tpfix.context import BuildContext
-from tpfix.lines import get_line, sdist_pin, wheel_pin
-from tpfix.util import Fail
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line, sdist_pin, wheel_pin
+from tpfix.core.util import Fail
+from tpfix.stages import package
 
 
 @pytest.mark.slow  # a package stage (about a second): not while editing a patch
@@ -86,11 +86,11 @@ def test_both_arches_share_one_dist_and_one_index(tmp_path: Path):
     check_sums(dist)
 
 
-IMAGE_FILES = (".tar", ".cdx.json", ".provenance.json")  # tpfix.image's, per arch
+IMAGE_FILES = (".tar", ".cdx.json", ".provenance.json")  # tpfix.image.image's, per arch
 
 
 def _add_image(dist: Path, arch: str | None, name: str = "vllm-openai-v0.27.1-tpfix.3") -> set:
-    """What tpfix.image adds for one arch's image (`arch`), or for the
+    """What tpfix.image.image adds for one arch's image (`arch`), or for the
     manifest list over both (None), with its replacement rule."""
     if arch is None:
         texts = {
@@ -114,7 +114,7 @@ def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     signer (a cached rebuild) keep them all, a new signer does not; a newer
     revision drops all.
     The package stage's real code on tiny wheels, image files written as
-    tpfix.image names them (their content does not matter here)."""
+    tpfix.image.image names them (their content does not matter here)."""
     version = "0.27.1+tpfix.3"
     publish_small(tmp_path, version, arch="x86_64")
     dist = publish_small(tmp_path, version, arch="aarch64")[0]
@@ -139,7 +139,7 @@ def test_each_arch_keeps_the_other_arch_image_files_in_one_dist(tmp_path: Path):
     shutil.rmtree(tmp_path / "staging")  # a fresh one, as each build has (pipeline.staged)
     publish_small(tmp_path, version, arch="aarch64")
     assert images() == x86 | arm | lst
-    # the reports tpfix.advisories writes for x86_64's image SBOM are x86_64's
+    # the reports tpfix.audit.advisories writes for x86_64's image SBOM are x86_64's
     # too: an aarch64 image again leaves them (and x86_64's image) alone
     name = "vllm-openai-v0.27.1-tpfix.3-x86_64"
     reports = {Path("image", f"{name}{s}"): "{}" for s in (".advisories.json", ".vex.cdx.json")}

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The one patch-file parser, series reader/writer and quilt wrapper, on small
-inline patches (tpfix.patch_format, tpfix.quilt), and the scenario fields of
+inline patches (tpfix.core.patch_format, tpfix.core.quilt), and the scenario fields of
 patch headers (tpfix.replay.harness.scenario_check, replay verdicts)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.patch_format import (
+from tpfix.core.patch_format import (
     Patch,
     parse_diff,
     parse_header,
@@ -20,10 +20,10 @@ from tpfix.patch_format import (
     split,
     write_series,
 )
-from tpfix.quilt import REFRESH_ARGS, Quilt, canonical, offsets
+from tpfix.core.quilt import REFRESH_ARGS, Quilt, canonical, offsets
+from tpfix.core.util import Fail
 from tpfix.replay import bug_a, bug_b, bug_c
 from tpfix.replay.harness import scenario_check
-from tpfix.util import Fail
 
 HEADER = """\
 From: A Maintainer <a@example.invalid>

@@ -28,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from tpfix import attest, package, pipeline
-from tpfix.context import BuildContext
-from tpfix.lines import get_line, line_names
-from tpfix.util import PARTIAL, ROOT, Fail
+from tpfix import pipeline
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line, line_names
+from tpfix.core.util import PARTIAL, ROOT, Fail
+from tpfix.release import attest
+from tpfix.stages import package
 
 
 def test_a_step_is_one_line_on_stderr(capsys):

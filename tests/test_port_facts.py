@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import Line, get_line, line_names
+from tpfix.core.lines import Line, get_line, line_names
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import Fail
 from tpfix.maint.port_facts import FILE, fixes, load, mismatches, record
-from tpfix.patch_format import read_series
-from tpfix.util import Fail
 
 # every line start_line made (its rebase.json says from which line)
 MADE = [t for t in line_names() if (get_line(t).patches / "rebase.json").exists()]

@@ -14,9 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tpfix.core.patch_format import read_series
+from tpfix.core.quilt import Quilt
 from tpfix.maint.rebase import Trees, classify
-from tpfix.patch_format import read_series
-from tpfix.quilt import Quilt
 from tpfix.replay.harness import Check
 
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The resolved SBOM of the wheel on the reference platform (tpfix.resolved_sbom).
+"""The resolved SBOM of the wheel on the reference platform (tpfix.audit.resolved_sbom).
 
 The real uv resolves the tiny wheel of tests/small_dist.py from an index of
-tiny wheels served on 127.0.0.1 (tpfix.index pages, with their PEP 658
+tiny wheels served on 127.0.0.1 (tpfix.release.index pages, with their PEP 658
 .metadata files), as in tests/test_advisories.py; the command reads each
 wheel's core metadata from there and writes the SBOM into the dist folder.
 
@@ -27,10 +27,11 @@ from served import Served
 from small_dist import check_sums, keypair, publish_small, sums
 from wheels import make_wheel
 
-from tpfix import attest, resolved_sbom, sbom
-from tpfix.resolution import pick_wheel
-from tpfix.util import ROOT, Fail
-from tpfix.wheelfile import parse_metadata, requirements
+from tpfix.audit import resolved_sbom
+from tpfix.audit.resolution import pick_wheel
+from tpfix.core.util import ROOT, Fail
+from tpfix.core.wheelfile import parse_metadata, requirements
+from tpfix.release import attest, sbom
 
 TGT = {
     "python": "3.12",
@@ -163,7 +164,7 @@ SERVED = {
 def index(tmp_path: Path):
     """The served index: (URL, {wheel file name: sha256}, the served folder,
     the server: its `paths` asked for, its `ranges` switch)."""
-    from tpfix.index import write_index
+    from tpfix.release.index import write_index
 
     served = tmp_path / "served"
     wheels = [
@@ -178,7 +179,7 @@ def index(tmp_path: Path):
 
 def _run(dist: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tpfix.resolved_sbom", "--dist", str(dist), *args],
+        [sys.executable, "-m", "tpfix.audit.resolved_sbom", "--dist", str(dist), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -284,7 +285,15 @@ def test_the_aarch64_wheel_resolves_for_aarch64_and_signs_again(tmp_path: Path, 
     envelope = json.loads((dist / attest.SUMS_ENVELOPE).read_text())
     stmt = json.loads(base64.b64decode(envelope["payload"]))
     assert f"{wheel.name}.resolved.cdx.json" in {s["name"] for s in stmt["subject"]}
-    check = [sys.executable, "-m", "tpfix.attest", "verify-dist", str(dist), "--key", str(pub)]
+    check = [
+        sys.executable,
+        "-m",
+        "tpfix.release.attest",
+        "verify-dist",
+        str(dist),
+        "--key",
+        str(pub),
+    ]
     verified = subprocess.run(check, capture_output=True, text=True, cwd=ROOT)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     check_sums(dist)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import Line, fingerprint, get_line, line_names
-from tpfix.lines import changelog_entries as entries
-from tpfix.lines import revision_problems as problems
+from tpfix.core.lines import Line, fingerprint, get_line, line_names
+from tpfix.core.lines import changelog_entries as entries
+from tpfix.core.lines import revision_problems as problems
+from tpfix.core.patch_format import read_series
 from tpfix.maint.revision import bump
-from tpfix.patch_format import read_series
 
 
 @pytest.mark.parametrize("name", line_names())

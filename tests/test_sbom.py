@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The SBOMs (tpfix.wheel_sbom, tpfix.image_sbom, tpfix.sbom): the wheel's,
+"""The SBOMs (tpfix.release.wheel_sbom, tpfix.image.image_sbom, tpfix.release.sbom): the wheel's,
 written by the package stage on the tiny wheel of tests/small_dist.py, the
 image's on an inventory written here, and the schema check.  The image's
 SBOM on a real image: tests/test_image.py.
@@ -17,12 +17,13 @@ import pytest
 from sbom_checks import check_wheel_sbom, defect, minimum_elements
 from small_dist import publish_small, sha
 
-from tpfix import image_sbom, sbom, wheel_sbom
-from tpfix.context import BuildContext
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
-from tpfix.util import Fail
-from tpfix.wheelfile import parse_metadata, requirements
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import Fail
+from tpfix.core.wheelfile import parse_metadata, requirements
+from tpfix.image import image_sbom
+from tpfix.release import sbom, wheel_sbom
 
 
 @pytest.mark.slow  # a package stage (about a second): not while editing a patch

@@ -11,12 +11,12 @@ import tomllib
 
 import pytest
 
-from tpfix.lines import LABEL, LINES, get_line, line_names, read_version, sdist_pin, wheel_pin
+from tpfix.core.lines import LABEL, LINES, get_line, line_names, read_version, sdist_pin, wheel_pin
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.core.util import ROOT
 from tpfix.maint.series import check
-from tpfix.patch_format import read_patch, read_series
 from tpfix.replay.harness import patch_checks, tree_after
-from tpfix.util import ROOT
-from tpfix.verify import touched_files
+from tpfix.stages.verify import touched_files
 
 SERIES = read_series(get_line().series)
 

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import Line, get_line, line_names, load_pins
-from tpfix.lines import revision_problems as problems
+from tpfix.audit.support_matrix import WHEEL_FACTS
+from tpfix.core.lines import Line, get_line, line_names, load_pins
+from tpfix.core.lines import revision_problems as problems
+from tpfix.core.patch_format import read_series
+from tpfix.core.util import ROOT, Fail
 from tpfix.maint.port_facts import FILE
 from tpfix.maint.port_facts import load as load_facts
-from tpfix.patch_format import read_series
-from tpfix.support_matrix import WHEEL_FACTS
-from tpfix.triage import load_triage
-from tpfix.util import ROOT, Fail
+from tpfix.release.triage import load_triage
 
 # downloads the sdist and both official wheels of each line, replays scenarios
 pytestmark = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_classification_equals_the_committed_one(made):
     carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
     assert (folder / "series").read_text().split() == carried
     assert (folder / "VERSION").read_text() == f"{tag[1:]}+tpfix.1\n"  # its first revision
-    # no advisory analysis yet, as tpfix.triage reads it; the README's versions
+    # no advisory analysis yet, as tpfix.release.triage reads it; the README's versions
     # table has the new line's row again (the fixture removed it), at tpfix.1
     assert load_triage(Line.at(folder)) == (folder / "advisories.toml", {})
     (row,) = [x for x in (copy / "README.md").read_text().splitlines() if f"| {tag} |" in x]

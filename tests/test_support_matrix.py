@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The versions table (scripts/tpfix/support_matrix.py) and the facts behind it.
+"""The versions table (scripts/tpfix/audit/support_matrix.py) and the facts behind it.
 
 Fast: README.md's table is the command's output; the FlashInfer re-pin of
 each pin file is the one its series makes.  Slow: every fact of the pins
 (Requires-Python, torch==, flashinfer-python==, the image's Python) equals
-the official release's files, read here without tpfix.support_matrix, and the
+the official release's files, read here without tpfix.audit.support_matrix, and the
 built wheels require the FlashInfer the table names.
 """
 
@@ -22,23 +22,26 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import Line, get_line, line_names, load_pins
-from tpfix.patch_format import read_series, split
-from tpfix.support_matrix import README, _braced, pin_facts, python_range, readme_block, table
-from tpfix.util import ROOT, Fail
+from tpfix.audit.support_matrix import README, _braced, pin_facts, python_range, readme_block, table
+from tpfix.core.lines import Line, get_line, line_names, load_pins
+from tpfix.core.patch_format import read_series, split
+from tpfix.core.util import ROOT, Fail
 
 LINES = line_names()
 
 
 def test_readme_table_is_the_commands_output():
     proc = subprocess.run(
-        [sys.executable, "-m", "tpfix.support_matrix"], text=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "tpfix.audit.support_matrix"],
+        text=True,
+        capture_output=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == table()
     assert readme_block(README.read_text()) == proc.stdout, (
         "README.md's versions table is stale: run "
-        "build/venv/bin/python -m tpfix.support_matrix --readme"
+        "build/venv/bin/python -m tpfix.audit.support_matrix --readme"
     )
     rows = proc.stdout.splitlines()[2:]
     assert [r.split(" | ")[1] for r in rows] == LINES  # one row a line, default first
@@ -101,7 +104,7 @@ def _pinned(requires: list[str], project: str) -> list[str]:
 @pytest.mark.parametrize("name", LINES)
 def test_pins_facts_are_the_official_releases(name):
     """Downloads the wheels the cache lacks (both architectures)."""
-    from tpfix.fetch import fetch, fetch_sdist
+    from tpfix.stages.fetch import fetch, fetch_sdist
 
     line = get_line(name)
     data = tomllib.loads(line.pins.read_text())

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import line_names
+from tpfix.core.lines import line_names
+from tpfix.core.patch_format import read_patch
 from tpfix.maint.commits import git, pristine_repo
 from tpfix.maint.export import export
 from tpfix.maint.pr_text import _why_red
 from tpfix.maint.validation import multi_gpu_tests, pytest_outcome
-from tpfix.patch_format import read_patch
 
 # exports the newest line and applies its mails to the pristine tag
 pytestmark = pytest.mark.slow
@@ -188,7 +188,7 @@ def test_export_says_fixes_with_the_filed_issue_number(tmp_path):
     """Once an issue text is filed (--issue NAME=NUMBER), the PR that fixes it
     says "Fixes #NUMBER" instead of asking the submitter to file it; a name
     the series has no Issue: for is refused."""
-    from tpfix.util import Fail
+    from tpfix.core.util import Fail
 
     out = tmp_path / "export"
     rep = export(TAG, out, SIGNOFF, run_tests=False, numbers={"fusion-workspace-crash": 54321})
@@ -209,7 +209,7 @@ def test_export_refuses_a_placeholder_signoff(tmp_path, monkeypatch):
     address, as the headers have) or with no identity at all (no --signoff,
     no git identity), which vLLM's DCO check rejects, and writes nothing."""
     import tpfix.maint.export as export_module
-    from tpfix.util import Fail
+    from tpfix.core.util import Fail
 
     out = tmp_path / "export"
     for placeholder in (

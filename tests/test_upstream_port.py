@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 """The newest release line, the forward port that goes upstream: rebase
 report, forward port, export.  The line is taken from the data: the newest
-folder of patches/ (tpfix.lines.line_names()), its source line the `from` of
+folder of patches/ (tpfix.core.lines.line_names()), its source line the `from` of
 its rebase.json (what python -m tpfix.maint.start_line wrote), so a line
 started with start_line (and ported) is covered with no edit here.
 
@@ -42,14 +42,14 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import get_line, line_names, read_pin_file
+from tpfix.core.lines import get_line, line_names, read_pin_file
+from tpfix.core.patch_format import read_patch, split
+from tpfix.core.quilt import Quilt
 from tpfix.maint.port_facts import fixes, mismatches
 from tpfix.maint.rebase import format_table, rebase
 from tpfix.maint.validation import multi_gpu_tests, pytest_outcome, vllm_tests, with_files
-from tpfix.patch import pristine_tree
-from tpfix.patch_format import read_patch, split
-from tpfix.quilt import Quilt
 from tpfix.replay.harness import patch_checks, run_check, run_scenario, run_vllm_tests
+from tpfix.stages.patch import pristine_tree
 
 # downloads and patches the newest release, rebases, exports, replays its scenarios
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import run_vllm_tests, tree_after, tree_before
 
 PATCHES = get_line().patches

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Stage 4, verify (scripts/tpfix/verify.py), on small stand-in wheels made
+"""Stage 4, verify (scripts/tpfix/stages/verify.py), on small stand-in wheels made
 here: an "official" wheel of the default line's upstream version and a
 "patched" one of its distribution version, with a few hundred bytes of
 made-up files at the paths the default line's series touches (and at paths
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.context import BuildContext
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
-from tpfix.verify import _changed_pins, touched_files, verify_wheel
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
+from tpfix.stages.verify import _changed_pins, touched_files, verify_wheel
 
 LINE = get_line()
 UPSTREAM = LINE.tag.removeprefix("v")  # the official wheel's version

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""The built-wheel cache (tpfix.wheel_cache) on a small stand-in wheel file in
+"""The built-wheel cache (tpfix.stages.wheel_cache) on a small stand-in wheel file in
 a cache of its own: what keys an entry, what a restore checks, what a store
 replaces.  The pipeline's use of it (a real rebuild) is in test_build.py."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tpfix import wheel_cache
-from tpfix.context import BuildContext
-from tpfix.lines import get_line
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.stages import wheel_cache
 
 TAG = get_line().tag  # the default line's cache entries
 PUB = TAG.removeprefix("v")

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""tpfix.wheelfile, the one reader of a wheel's METADATA, and the stages that
+"""tpfix.core.wheelfile, the one reader of a wheel's METADATA, and the stages that
 read Requires-Dist through it (image.repins, maint.start_line.wheel_cuda,
 support_matrix.wheel_facts)."""
 
@@ -10,14 +10,14 @@ import pytest
 from packaging.requirements import Requirement
 from wheels import REQUIRES_PYTHON, VERSION, make_wheel
 
-from tpfix.context import BuildContext
-from tpfix.image import repins
-from tpfix.lines import get_line
+from tpfix.audit.support_matrix import wheel_facts
+from tpfix.core.context import BuildContext
+from tpfix.core.lines import get_line
+from tpfix.core.util import Fail
+from tpfix.core.wheelfile import wheel_arch, wheel_requirements
+from tpfix.image.image import repins
 from tpfix.maint.start_line import wheel_cuda
-from tpfix.support_matrix import wheel_facts
-from tpfix.util import Fail
-from tpfix.verify import verify_wheel
-from tpfix.wheelfile import wheel_arch, wheel_requirements
+from tpfix.stages.verify import verify_wheel
 
 
 def test_requires_dist_in_order_as_requirements(tmp_path):

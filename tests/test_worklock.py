@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""One build per folder (tpfix/worklock.py), unit by unit: hold, workdir_lock,
+"""One build per folder (tpfix/core/worklock.py), unit by unit: hold, workdir_lock,
 hold_folder, dist_lock, holder_text and describe_holder, against a holder in
 another process (a small Python child holding the lock and sleeping).
 
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from tpfix import lines
-from tpfix.lines import dist_state
-from tpfix.util import ROOT, Fail
-from tpfix.worklock import describe_holder, dist_lock, hold, holder_text, workdir_lock
+from tpfix.core import lines
+from tpfix.core.lines import dist_state
+from tpfix.core.util import ROOT, Fail
+from tpfix.core.worklock import describe_holder, dist_lock, hold, holder_text, workdir_lock
 
 # The other holder: takes the lock KIND (hold, workdir, dist) on PATH with its
 # build/dists/ under ROOT, says "locked", leaves the block at a line on its
@@ -41,7 +41,7 @@ from tpfix.worklock import describe_holder, dist_lock, hold, holder_text, workdi
 _HOLDER = """
 import sys
 from pathlib import Path
-from tpfix import lines, worklock
+from tpfix.core import lines, worklock
 kind, path, root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 lines.ROOT = root
 if kind == "hold":

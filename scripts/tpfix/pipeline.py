@@ -8,7 +8,7 @@
     ./build.sh --dist DIR           # somewhere else than dist/
     ./build.sh --line v0.33.0       # another release line (patches/v0.33.0/) into dist/v0.33.0/
     ./build.sh --no-cache           # build even when nothing changed (wheel_cache)
-    ./build.sh --image [...]        # then the container image (scripts/tpfix/image.py)
+    ./build.sh --image [...]        # then the container image (scripts/tpfix/image/image.py)
     ./build.sh --arch all --image   # an image per arch and a manifest list over them
 
 Work happens under build/ (a fresh patched tree per run, logs) and in a
@@ -28,7 +28,7 @@ lines.dist_state, so that dist/ holds published files only and its parent
 may be read-only, and a flock on the folder itself for builds of other
 checkouts) from start to end, image stage included.  A second build on
 either stops at once, naming the first (pid, start time, command line); it
-does not wait (why: tpfix/worklock.py).  What a killed run left behind
+does not wait (why: tpfix/core/worklock.py).  What a killed run left behind
 (`<workdir>/tree.*`, `dist/.staging-*`) is removed only while holding both.
 The commands a build runs (setup.py, pip, quilt, ...) die with it, `kill -9`
 included (util.child_options).
@@ -47,14 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpfix import wheel_cache
-from tpfix.build import build_wheel, source_date_epoch
-from tpfix.context import BuildContext, Release
-from tpfix.fetch import fetch_inputs
-from tpfix.lines import bump_command, changelog_entries, get_line, line_names, wheel_arches
-from tpfix.package import STAGING, clear_staging, describe, other_arches, publish
-from tpfix.patch import patch_tree
-from tpfix.util import (
+from tpfix.core.context import BuildContext, Release
+from tpfix.core.lines import bump_command, changelog_entries, get_line, line_names, wheel_arches
+from tpfix.core.util import (
     Fail,
     add_sign_arg,
     free_bytes,
@@ -63,8 +58,13 @@ from tpfix.util import (
     shown,
     sigterm_as_interrupt,
 )
-from tpfix.verify import verify_wheel
-from tpfix.worklock import dist_lock, workdir_lock
+from tpfix.core.worklock import dist_lock, workdir_lock
+from tpfix.stages import wheel_cache
+from tpfix.stages.build import build_wheel, source_date_epoch
+from tpfix.stages.fetch import fetch_inputs
+from tpfix.stages.package import STAGING, clear_staging, describe, other_arches, publish
+from tpfix.stages.patch import patch_tree
+from tpfix.stages.verify import verify_wheel
 
 
 def _step(msg: str) -> None:
@@ -353,7 +353,7 @@ def check_revision(ctx: BuildContext) -> None:
 
 def main() -> None:
     # the optional image stage
-    from tpfix.image import add_image_args, check_image_args, image_from_args
+    from tpfix.image.image import add_image_args, check_image_args, image_from_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -383,7 +383,7 @@ def main() -> None:
     add_image_args(ap)
     args = ap.parse_args()
     check_tools()
-    from tpfix.attest import signing_key
+    from tpfix.release.attest import signing_key
 
     signer = args.signer = signing_key(args.sign_key)
     line = args.line = get_line(args.line)

@@ -5,7 +5,7 @@
 Prints: the upstream path (pip download of the official wheel, no cache) next
 to our cold build (empty download cache, no pip cache), our warm build
 (downloads cached, --no-cache) and a rebuild with nothing changed (the
-built-wheel cache, tpfix.wheel_cache); wheel sizes; and the peak disk space the build used
+built-wheel cache, tpfix.stages.wheel_cache); wheel sizes; and the peak disk space the build used
 (cache + work tree + staging + dist, sampled every 0.2 s).
 
     build/venv/bin/python -m tpfix.bench.build
@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from tpfix.lines import get_line, wheel_pin
-from tpfix.util import host_arch
+from tpfix.core.lines import get_line, wheel_pin
+from tpfix.core.util import host_arch
 
 
 def _du(paths: list[Path]) -> int:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Wall time of one preflight (tpfix.doctor) on this machine, once the line's
+"""Wall time of one preflight (tpfix.preflight.doctor) on this machine, once the line's
 trees exist: the seed-000 serve line (Qwen3-30B-A3B + Qwen3-4B drafter, TP 2,
 8192 batched tokens, from tests/fixtures/models), as an operator runs it
-(`python -m tpfix.doctor ...`, a fresh interpreter).  The first run builds
+(`python -m tpfix.preflight.doctor ...`, a fresh interpreter).  The first run builds
 the trees if they are missing and is not counted.  Prints the median of
 --runs (default 3); target 15 s, fails above 60 s.
 
@@ -45,7 +45,7 @@ def serve_line() -> list[str]:
 
 
 def run(line: str | None) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "tpfix.doctor", "--json"]
+    cmd = [sys.executable, "-m", "tpfix.preflight.doctor", "--json"]
     cmd += ["--line", line] if line else []
     t = time.monotonic()
     proc = subprocess.run(cmd + serve_line(), capture_output=True, text=True)

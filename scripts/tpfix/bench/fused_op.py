@@ -24,8 +24,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from tpfix.lines import get_line
-    from tpfix.patch_format import read_series
+    from tpfix.core.lines import get_line
+    from tpfix.core.patch_format import read_series
     from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
     trees = {

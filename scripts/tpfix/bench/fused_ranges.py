@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 
-from tpfix.lines import get_line, newest_line
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line, newest_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import run_scenarios
+from tpfix.stages.patch import cached_tree
 
 MiB = 1024 * 1024
 PAIRS = [

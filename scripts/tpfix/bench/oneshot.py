@@ -32,7 +32,7 @@ Usage:
     python -m tpfix.bench.oneshot [--tree-before DIR --tree-after DIR] \\
         [--hidden 6144] [--dtype bfloat16] [--max-num-batched-tokens 8192] [--json]
 Trees default to pristine (+0001) and the whole series (scripts/tpfix/replay/harness.py);
-any other tree works too, e.g. `python -m tpfix.patch DEST --upto <patch>`.
+any other tree works too, e.g. `python -m tpfix.stages.patch DEST --upto <patch>`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import json
 import sys
 from pathlib import Path
 
-from tpfix.lines import get_line
-from tpfix.patch_format import read_series
+from tpfix.core.lines import get_line
+from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import run_scenario, tree_after, tree_before
 
 PATCH = "0002-standalone-allreduce-asks-the-workspace.patch"  # pristine + 0001 before it

@@ -127,8 +127,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="only the first N configurations")
     args = ap.parse_args()
-    from tpfix.lines import get_line
-    from tpfix.patch_format import read_series
+    from tpfix.core.lines import get_line
+    from tpfix.core.patch_format import read_series
     from tpfix.replay.harness import tree_after, tree_before
 
     cfgs = configs()[: args.limit]

@@ -16,10 +16,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.lines import sdist_pin
-from tpfix.patch import pristine_tree
-from tpfix.patch_format import Header, parse_header, split
-from tpfix.util import Fail, cache_dir
+from tpfix.core.lines import sdist_pin
+from tpfix.core.patch_format import Header, parse_header, split
+from tpfix.core.util import Fail, cache_dir
+from tpfix.stages.patch import pristine_tree
 
 # Header fields that only this distribution reads (DEP-3 and our own, see
 # patch_format): they stay in the quilt headers and are left out of the upstream

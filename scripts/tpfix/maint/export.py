@@ -59,13 +59,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tpfix.lines import get_line, newest_line
+from tpfix.core.lines import get_line, newest_line
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.core.util import ROOT, Fail, main_wrapper
 from tpfix.maint.commits import commit_id, commit_patch, git, parse_ident, pristine_repo
 from tpfix.maint.pr_text import fixed_issues, pr_description, submit_steps
 from tpfix.maint.validation import multi_gpu_tests, validate
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_patch, read_series
-from tpfix.util import ROOT, Fail, main_wrapper
+from tpfix.stages.patch import cached_tree
 
 # Upstream exports come from the newest release line.
 DEFAULT_TAG = newest_line()

@@ -51,10 +51,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tpfix.fetch import fetch_sdist
-from tpfix.lines import line_names
-from tpfix.resolution import marker_env
-from tpfix.util import ROOT, Fail, main_wrapper, sdist_text, shown, write_atomic
+from tpfix.audit.resolution import marker_env
+from tpfix.core.lines import line_names
+from tpfix.core.util import ROOT, Fail, main_wrapper, sdist_text, shown, write_atomic
+from tpfix.stages.fetch import fetch_sdist
 
 CI = ROOT / "ci"
 # (input, lock) in install order

@@ -45,9 +45,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from tpfix.lines import Line, get_line
-from tpfix.patch_format import read_patch, read_series
-from tpfix.util import Fail, shown
+from tpfix.core.lines import Line, get_line
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.core.util import Fail, shown
 
 FILE = "port.toml"
 REPORT_KEYS = {"why", "after_uncarried", "conflicts", "upstream_side", "checks"}

@@ -46,12 +46,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpfix.lines import Line, get_line, line_names, sdist_pin
-from tpfix.patch import cached_tree, pristine_tree
-from tpfix.patch_format import HUNK, diff_files, parse_diff, read_series, split, write_series
-from tpfix.quilt import Quilt, offsets, require
+from tpfix.core.lines import Line, get_line, line_names, sdist_pin
+from tpfix.core.patch_format import HUNK, diff_files, parse_diff, read_series, split, write_series
+from tpfix.core.quilt import Quilt, offsets, require
+from tpfix.core.util import ROOT, Fail, main_wrapper, run, shown
 from tpfix.replay.harness import Check, patch_checks, run_check
-from tpfix.util import ROOT, Fail, main_wrapper, run, shown
+from tpfix.stages.patch import cached_tree, pristine_tree
 
 # -- quilt / patch / git helpers --------------------------------------------------
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 
-from tpfix.lines import (
+from tpfix.core.lines import (
     ENTRY,
     LABEL,
     Line,
@@ -39,7 +39,7 @@ from tpfix.lines import (
     revision_number,
     revision_problems,
 )
-from tpfix.util import Fail, main_wrapper, shown, write_atomic
+from tpfix.core.util import Fail, main_wrapper, shown, write_atomic
 
 
 def bump(line: Line, what: str) -> str:

@@ -15,7 +15,7 @@
 All commands run quilt in build/dev/<tag> (default: the top-level VERSION's
 line) with QUILT_PATCHES=patches/<tag>/, so a refresh edits the files in
 this repository: review them with git diff.  quilt
-runs through tpfix.quilt: every push is exact (--fuzz=0) and every refresh
+runs through tpfix.core.quilt: every push is exact (--fuzz=0) and every refresh
 uses the same canonical options (quilt.REFRESH_ARGS), which is what makes
 `check` able to demand byte-for-byte reproduction; patch headers (the text
 above the first diff, patch_format) are kept by quilt.
@@ -30,11 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tpfix.lines import Line, get_line
-from tpfix.patch import prepare_tree
-from tpfix.patch_format import read_series
-from tpfix.quilt import Quilt, require
-from tpfix.util import ROOT, Fail, main_wrapper, run, shown
+from tpfix.core.lines import Line, get_line
+from tpfix.core.patch_format import read_series
+from tpfix.core.quilt import Quilt, require
+from tpfix.core.util import ROOT, Fail, main_wrapper, run, shown
+from tpfix.stages.patch import prepare_tree
 
 DEV = ROOT / "build" / "dev"
 

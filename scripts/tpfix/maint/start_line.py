@@ -11,7 +11,7 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
   pins.toml    the sdist and the official x86_64 and aarch64 wheels, pinned
                by the sha256 and size of the files pip downloaded (fetch.
                pin_release; `cuda` read from the wheel's METADATA extras),
-               and the facts the versions table shows (tpfix.support_matrix):
+               and the facts the versions table shows (tpfix.audit.support_matrix):
                `requires-python`, `torch`, `flashinfer` from the wheels'
                METADATA (both wheels must agree), `image-python` from the
                sdist's docker/Dockerfile.  A patch of the series that re-pins
@@ -30,9 +30,9 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
                checks) and a [port] entry per carried patch, each `why` left
                for the maintainer to write (tpfix.maint.port_facts; the port
                tests fail until it is)
-  advisories.toml  no advisory analysis yet (tpfix.triage reads it)
+  advisories.toml  no advisory analysis yet (tpfix.release.triage reads it)
 
-and regenerates the versions table in README.md (tpfix.support_matrix
+and regenerates the versions table in README.md (tpfix.audit.support_matrix
 --readme), which lists every line, and build/venv's locks (ci/*.lock,
 tpfix.maint.lock), which then take TAG's requirements/common.txt too.
 Without --from it starts from the newest line of an older release (an
@@ -55,8 +55,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from tpfix.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
-from tpfix.lines import (
+from tpfix.audit.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
+from tpfix.core.lines import (
     LABEL,
     LINES,
     Line,
@@ -67,11 +67,11 @@ from tpfix.lines import (
     newest_line_before,
     tag_version,
 )
+from tpfix.core.util import Fail, main_wrapper, sdist_text, shown, sigterm_as_interrupt
+from tpfix.core.wheelfile import wheel_requirements
 from tpfix.maint import lock, port_facts
 from tpfix.maint.rebase import format_table, rebase
-from tpfix.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
-from tpfix.util import Fail, main_wrapper, sdist_text, shown, sigterm_as_interrupt
-from tpfix.wheelfile import wheel_requirements
+from tpfix.stages.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 
 
 def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
@@ -84,7 +84,7 @@ def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
         f'tag = "{tag}"',
         "# CUDA of the official wheels (from the extras their METADATA keeps)",
         f'cuda = "{cuda}"',
-        "# What the official wheels' METADATA requires (tpfix.support_matrix.wheel_facts)",
+        "# What the official wheels' METADATA requires (tpfix.audit.support_matrix.wheel_facts)",
         *(f'{k} = "{facts[k]}"' for k in WHEEL_FACTS),
     ]
     if facts.get("image-python"):
@@ -136,12 +136,12 @@ def _release_facts(sdist: Path, wheels: list[Path]) -> dict[str, str]:
     return {**facts, "image-python": python} if python else facts
 
 
-# A new line's advisories.toml: no analysis recorded yet (tpfix.triage).
+# A new line's advisories.toml: no analysis recorded yet (tpfix.release.triage).
 ADVISORIES = """\
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Our analysis of known advisories against what this line ships, for the VEX
-# that `python -m tpfix.advisories` writes (see its docstring).  An advisory
+# that `python -m tpfix.audit.advisories` writes (see its docstring).  An advisory
 # the audit finds and this file does not name is reported `in_triage`.
 # None is recorded yet.  An entry:
 #

@@ -17,11 +17,11 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from tpfix.lines import Line
-from tpfix.patch import cached_tree
-from tpfix.patch_format import diff_files, read_series, split
+from tpfix.core.lines import Line
+from tpfix.core.patch_format import diff_files, read_series, split
+from tpfix.core.util import Fail
 from tpfix.replay.harness import patch_checks, run_check
-from tpfix.util import Fail
+from tpfix.stages.patch import cached_tree
 
 # -- validation ------------------------------------------------------------------------
 

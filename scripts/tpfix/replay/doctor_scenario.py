@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
-"""Scenarios of the preflight command (tpfix.doctor), run by a
+"""Scenarios of the preflight command (tpfix.preflight.doctor), run by a
 ``harness.Interpreter`` on a vLLM tree: ``prepare`` ahead (the imports),
 then ``parse`` in a fork of the stock tree's, then ``deployment`` in each.
 

@@ -43,11 +43,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.fetch import fetch_test_dep
-from tpfix.lines import Line, get_line
-from tpfix.patch import cached_tree
-from tpfix.patch_format import read_patch, read_series
-from tpfix.util import Fail, cache_dir, cache_lock
+from tpfix.core.lines import Line, get_line
+from tpfix.core.patch_format import read_patch, read_series
+from tpfix.core.util import Fail, cache_dir, cache_lock
+from tpfix.stages.fetch import fetch_test_dep
+from tpfix.stages.patch import cached_tree
 
 # The folder that holds the tpfix package: scenario interpreters import the
 # replays (tpfix.replay.<module>) and the CPU stand-ins from it.

@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
+"""Stage 3: build the wheel from the patched tree with vLLM's own setup.py.
+
+vLLM's precompiled-kernel mode (VLLM_USE_PRECOMPILED=1) copies every compiled
+binary out of the official wheel we fetched and verified, and builds the
+Python part from our patched sources.  setup.py picks its target from
+`torch.version.cuda`, which is None on a CPU-only torch; since nothing is
+compiled here, we tell setup.py the CUDA version the official wheel was built
+for (`cuda` in the line's pins), in the build process only (no sitecustomize,
+nothing installed).
+
+torch's own version does not reach the wheel: in this mode setup.py reads
+only `torch.version.*` (target detection) and nothing is compiled against
+torch.  So every line builds with the CPU torch of ci/requirements-build.lock,
+also v0.33.0 (whose pyproject asks for torch 2.14.0, which exists only as a
+CUDA build with GBs of dependencies); verify.py proves it per build, file by
+file against the official wheel.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from tpfix.core.util import Fail, free_bytes, run
+
+_SETUP = """
+import runpy, sys, torch
+torch.version.cuda = sys.argv[3]
+sys.argv = ["setup.py", "bdist_wheel", "--py-limited-api=cp38",
+            "--plat-name", sys.argv[1], "--dist-dir", sys.argv[2]]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+def source_date_epoch(sdist: Path) -> int:
+    """$SOURCE_DATE_EPOCH, else a fixed timestamp derived from the input (the
+    sdist's PKG-INFO mtime): of the wheel, its SBOM and provenance, and the image."""
+    if env := os.environ.get("SOURCE_DATE_EPOCH"):
+        if not env.isdigit():
+            raise Fail(f"SOURCE_DATE_EPOCH={env!r}: expected seconds since 1970 (digits)")
+        return int(env)
+    with tarfile.open(sdist) as tar:
+        for m in tar.getmembers():
+            if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
+                return int(m.mtime)
+    raise Fail(f"{sdist.name}: no PKG-INFO to take SOURCE_DATE_EPOCH from")
+
+
+def build_wheel(
+    tree: Path,
+    version: str,
+    official_wheel: Path,
+    arch: str,
+    out_dir: Path,
+    epoch: int,
+    log: Path,
+    cuda: str,
+) -> Path:
+    """Build into `out_dir` and return the wheel, named like the official one.
+
+    `cuda` is the CUDA version the official wheel was built for (Line.official_cuda).
+    """
+    env = dict(os.environ)
+    env.update(
+        VLLM_USE_PRECOMPILED="1",
+        VLLM_PRECOMPILED_WHEEL_LOCATION=str(official_wheel),
+        VLLM_TARGET_DEVICE="cuda",
+        VLLM_VERSION_OVERRIDE=version,
+        SOURCE_DATE_EPOCH=str(epoch),
+        PYTHONHASHSEED="0",
+    )
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        proc = run([sys.executable, "-c", _SETUP, f"linux_{arch}", tmp, cuda], cwd=tree, env=env)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 and "No space left on device" in proc.stdout + proc.stderr:
+            # A full disk, not a build error: the pipeline names the file system,
+            # the one of the file setup.py names, else the fuller of the two it
+            # writes to (the tree's build/ and out_dir), while both still hold
+            # what it wrote.
+            named = re.search(r"No space left on device: '([^']+)'", proc.stdout + proc.stderr)
+            full = named.group(1) if named else min((tree, out_dir), key=free_bytes)
+            raise OSError(errno.ENOSPC, "No space left on device", str(full))
+        if proc.returncode != 0:
+            tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise Fail(f"setup.py bdist_wheel failed (full log: {log}):\n  {tail}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise Fail(f"setup.py produced {len(wheels)} wheels (log: {log})")
+        # Same file name as the official wheel, with our version: the official
+        # one is also named manylinux_2_28 while its WHEEL tag says linux_*.
+        name = official_wheel.name.replace(official_wheel.name.split("-")[1], version, 1)
+        final = out_dir / name
+        os.replace(wheels[0], final)
+    return final
