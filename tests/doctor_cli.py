@@ -10,6 +10,11 @@ import json
 from pathlib import Path
 
 from tpfix.preflight import doctor
+from tpfix.replay.harness import keep_interpreters
+
+# The tests run the preflight dozens of times in each process: the scenario
+# interpreters (vLLM imported, nothing run but in forks) serve the next run.
+keep_interpreters()
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

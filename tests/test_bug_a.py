@@ -113,9 +113,12 @@ def fast():
 
 @pytest.fixture(scope="module")
 def suite():
-    """Every named case on every tree of the series (every prefix), shared
-    with test_bisect.py (tests/replays.py)."""
-    results = suites(sorted({WHEN[w](p) for p in SERIES for w in WHEN}))
+    """Every named case on every tree the tests below ask for: the tree after
+    each patch, and the one before each patch that fixes a case (every prefix
+    but the bare tag, where bug C stops every case), shared with
+    test_bisect.py (tests/replays.py)."""
+    trees = {tree_after(p, LINE) for p in SERIES} | {tree_before(p, LINE) for p in FIXED_BY}
+    results = suites(sorted(trees))
     return lambda patch, when, name: results[WHEN[when](patch)][name]
 
 

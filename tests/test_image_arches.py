@@ -79,8 +79,9 @@ def release(buildah, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-4000:]
     yield {"dist": dist, "tag": tag, "base": base, "pub": pub, "out": proc.stdout}
     subprocess.run([buildah, "manifest", "rm", tag], capture_output=True)
-    for arch in ARCHES:
-        subprocess.run([buildah, "rmi", f"{tag}-{arch}"], capture_output=True)
+    # and what `buildah from oci-archive:` stored under the list's name
+    for ref in (tag, *(f"{tag}-{arch}" for arch in ARCHES)):
+        subprocess.run([buildah, "rmi", ref], capture_output=True)
 
 
 def _inspect(buildah: str, ref: str) -> dict:

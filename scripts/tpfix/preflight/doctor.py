@@ -46,7 +46,7 @@ from tpfix.core.patch_format import read_series
 from tpfix.core.util import Fail
 from tpfix.preflight.deployment_file import serve_line, split_env
 from tpfix.preflight.doctor_text import CAVEATS, size, text, wrap
-from tpfix.replay.harness import Interpreter, flashinfer_site, pinned_flashinfer, run_scenario
+from tpfix.replay.harness import flashinfer_site, interpreter, pinned_flashinfer, run_scenario
 from tpfix.stages.patch import cached_tree
 
 GPUS = {"sm90": 90, "sm100": 100, "sm103": 103}
@@ -291,7 +291,7 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
     # and fakes the GPU's name: its replay starts from the imports only).
     ahead = [("doctor_scenario:prepare", {"backend": backend})]
     replays = {
-        k: stack.enter_context(Interpreter(trees[t], ahead))
+        k: stack.enter_context(interpreter(trees[t], ahead))
         for k, t in (("stock", "stock_replay"), ("patched", "patched"))
     }
     step("parsing the serve line with vLLM's own parser and engine args (pristine tree)")
@@ -361,7 +361,8 @@ def _diagnose(argv: list[str], progress, stack: contextlib.ExitStack) -> tuple[i
         step("cold and warm start, stock and patched (in parallel)")
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = {
-                k: pool.submit(replay.run, "doctor_scenario:deployment", **kw)
+                # in a fork, as the parse: the interpreter stays as it started
+                k: pool.submit(replay.run, "doctor_scenario:deployment", fork=True, **kw)
                 for k, replay in replays.items()
             }
             extras = {

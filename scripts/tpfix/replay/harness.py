@@ -27,6 +27,7 @@ fields into `Check`s: the verdict on a result is the module's
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -195,6 +196,7 @@ class Interpreter:
 
     def __init__(self, tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.0):
         self.tree, self.timeout, self.deadline = tree, timeout, time.monotonic() + timeout
+        self.clean = True  # no job ran here but in a fork: its state is its start-up's
         env = scenario_env(tree)
         # One torch thread: the tests run several scenario interpreters at
         # once (more than the cores), where idle OpenMP threads spinning cost
@@ -231,6 +233,7 @@ class Interpreter:
         ``fork``, it runs in a fork of the interpreter: what it changes (the
         environment, patched vLLM functions) is gone for the next job."""
         mod, fn = spec.split(":")
+        self.clean = self.clean and fork
         try:
             self.proc.stdin.write(json.dumps([mod, fn, kwargs, fork]) + "\n")
             self.proc.stdin.flush()
@@ -269,6 +272,48 @@ class Interpreter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Interpreters kept for the next interpreter() of the same tree, start-up jobs
+# and environment (keep_interpreters); None: each is closed after its block.
+_KEPT: dict[tuple, list[Interpreter]] | None = None
+# What pytest sets for each test, which no scenario reads: not part of the key.
+_PER_TEST_ENV = ("PYTEST_CURRENT_TEST",)
+
+
+def keep_interpreters() -> None:
+    """From now on in this process, an interpreter() whose jobs all ran in
+    forks (its state is its start-up's, imports included) is kept when its
+    block ends, and the next interpreter() of the same tree, start-up jobs
+    and environment gets it instead of starting one: for a process that runs
+    the preflight many times (the tests); the kept ones die with the process."""
+    global _KEPT
+    if _KEPT is None:
+        _KEPT = {}
+        atexit.register(lambda: [it.close() for its in _KEPT.values() for it in its])
+
+
+@contextlib.contextmanager
+def interpreter(tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.0):
+    """Interpreter(tree, ahead, timeout) for the block, closed when it ends,
+    or one kept from an earlier block (keep_interpreters) with its time reset."""
+    env = {k: v for k, v in scenario_env(tree).items() if k not in _PER_TEST_ENV}
+    key = (str(tree), json.dumps(list(ahead), sort_keys=True), json.dumps(env, sort_keys=True))
+    kept = _KEPT.get(key, []) if _KEPT is not None else []
+    while kept and kept[-1].proc.poll() is not None:  # it has gone meanwhile
+        kept.pop().close()
+    if kept:
+        it = kept.pop()
+        it.timeout, it.deadline = timeout, time.monotonic() + timeout
+    else:
+        it = Interpreter(tree, ahead, timeout)
+    try:
+        yield it
+    finally:
+        if _KEPT is not None and it.clean and it.proc.poll() is None:
+            _KEPT.setdefault(key, []).append(it)
+        else:
+            it.close()
 
 
 # -- the scenario checks a patch header names ------------------------------------
