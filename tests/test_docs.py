@@ -4,10 +4,12 @@
 docs/*.md and the patch lines' CHANGELOG.md name (in backticks or as a link)
 under a folder or file this repository tracks at its top.  Paths with
 placeholders (<tag>, *, {a,b}) and what a build writes (build/, dist/) are
-not checked."""
+not checked.  And every `python -m tpfix.X` a doc, build.sh, ci/*.sh or the
+Dockerfile runs names a module that exists."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -66,3 +68,34 @@ def test_a_missing_path_is_reported(tmp_path: Path):
     named = named_paths(doc)
     assert named == ["scripts/tpfix/no_such_stage.py"]  # the placeholder one is skipped
     assert not (ROOT / named[0]).exists()
+
+
+# `python -m tpfix.<module>` (or `-m tpfix....`) in a doc or in the tooling's own texts
+COMMAND = re.compile(r"-m\s+(tpfix(?:\.\w+)+)")
+TEXTS = [*DOCS, ROOT / "build.sh", *ROOT.glob("ci/*.sh"), ROOT / "Dockerfile"]
+
+
+def named_modules(text: str) -> set[str]:
+    return set(COMMAND.findall(text))
+
+
+@pytest.mark.parametrize("doc", TEXTS, ids=[d.relative_to(ROOT).as_posix() for d in TEXTS])
+def test_every_module_a_doc_runs_exists(doc: Path):
+    """Each `python -m tpfix.X` names a module or package that runs (a
+    package has a __main__): the commands moved with scripts/tpfix's folders."""
+    missing = []
+    for name in sorted(named_modules(doc.read_text())):
+        spec = importlib.util.find_spec(name)
+        if spec is None or (
+            spec.submodule_search_locations and not importlib.util.find_spec(f"{name}.__main__")
+        ):
+            missing.append(name)
+    assert not missing, f"{doc.relative_to(ROOT)} runs modules that do not exist: {missing}"
+
+
+def test_the_module_check_sees_commands():
+    assert {"tpfix.image", "tpfix.release.attest"} <= named_modules(
+        "python -m tpfix.image --arch all; build/venv/bin/python -m tpfix.release.attest verify"
+    )
+    assert importlib.util.find_spec("tpfix.stages") is not None
+    assert importlib.util.find_spec("tpfix.stages.__main__") is None  # a package that won't run

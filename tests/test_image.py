@@ -425,7 +425,7 @@ def _digests(buildah: str, ref: str) -> dict:
 
 def _archive_members(path: Path) -> dict[str, str]:
     """{member: sha256} of a docker-archive, manifest.json without its RepoTags
-    (each archive carries its own name)."""
+    and `repositories` without the names (each archive carries its own name)."""
     out = {}
     with tarfile.open(path) as arc:
         for m in arc.getmembers():
@@ -437,6 +437,10 @@ def _archive_members(path: Path) -> dict[str, str]:
                 for entry in manifest:
                     entry.pop("RepoTags", None)
                 out[m.name] = json.dumps(manifest, sort_keys=True)
+                continue
+            if m.name == "repositories":  # {name: {tag: layer id}}
+                ids = sorted(i for tags in json.load(data).values() for i in tags.values())
+                out[m.name] = json.dumps(ids)
                 continue
             h = hashlib.sha256()
             for block in iter(lambda d=data: d.read(1 << 20), b""):

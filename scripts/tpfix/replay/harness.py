@@ -11,7 +11,9 @@ tpfix/replay/<module>.py's function (a dotted module, e.g.
 requirements/cuda.txt, and returns what the function returned (a JSON dict);
 an uncaught exception comes back as {"error": type name, "message": str}.
 `Interpreter(tree)` is such an interpreter kept for several jobs, sent one
-at a time, each optionally in a fork (the preflight's replays).
+at a time, each optionally in a fork (the preflight's replays);
+`interpreter(tree)` hands one out for a block, or, once a process has asked
+for it (keep_interpreters: the tests), one an earlier block left as it started.
 
 A patch names the scenarios that show its fix in its header (patch_format):
 
