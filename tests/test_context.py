@@ -85,3 +85,28 @@ def test_a_release_answers_for_its_context(tmp_path):
     wheel = tmp_path / "dist" / "vllm.whl"
     rel = Release(ctx, wheel, tmp_path / "sdist", tmp_path / "official", "x86_64", 1)
     assert (rel.line, rel.version, rel.dist) == (ctx.line, ctx.version, tmp_path / "dist")
+
+
+def test_an_input_edited_during_the_build_is_refused(tmp_path):
+    """check_unchanged (the build runs it before it caches or describes a
+    wheel): a patch, the series or pins.toml changed since the context was
+    resolved stops the build, naming the folder; unchanged passes."""
+    src = get_line()
+    for edit in ("patch", "series", "pins.toml"):
+        folder = tmp_path / edit / src.tag
+        shutil.copytree(src.patches, folder)
+        line = Line.at(folder)
+        ctx = BuildContext.resolve(line)
+        ctx.check_unchanged()
+        target = folder / (ctx.series[-1] if edit == "patch" else edit)
+        target.write_bytes(target.read_bytes() + b"\n")
+        with pytest.raises(Fail, match=r"changed during the build .*run ./build.sh again"):
+            ctx.check_unchanged()
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    folder = tmp_path / get_line().tag
+    shutil.copytree(get_line().patches, folder)
+    (folder / "series").write_bytes(b"\xff\xfe0001.patch\n")
+    with pytest.raises(Fail, match=r"series: not UTF-8"):
+        BuildContext.resolve(Line.at(folder))

@@ -11,7 +11,12 @@ next job sees; the `ahead` jobs run first and their failures are dropped; an
 exception is a result with the interpreter's stderr, the next job still runs;
 an interpreter (or a fork) that dies is a clear error, not a hang; the
 timeout covers all jobs together and kills the interpreter; a fork is refused
-while Python threads run (a fork copies their locks).
+while Python threads run (a fork copies their locks).  And what the tests'
+many preflights rely on (interpreter() once keep_interpreters ran): only an
+interpreter whose jobs all ran in forks, none left under way, is kept, for
+the same tree, start-up jobs and environment only, at most KEEP of them, a
+dead one replaced, its stderr emptied; without keep_interpreters each is
+closed after its block.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 import pytest
 
 from tpfix.replay import harness
-from tpfix.replay.harness import Interpreter, run_scenarios
+from tpfix.replay.harness import Interpreter, interpreter, run_scenarios
 
 JOBS = """
 import os, threading, time
@@ -143,3 +148,70 @@ def test_no_fork_while_python_threads_run(tree):
         assert result["error"] == "RuntimeError"
         assert "threads" in result["message"]
         assert it.run("hjobs.jobs:getenv", name="TPFIX_NONE") == {"value": None}
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    """A pool of its own for the test (keep_interpreters), closed after it."""
+    pool: list = []
+    monkeypatch.setattr(harness, "_KEPT", pool)
+    yield pool
+    for _, it in pool:
+        it.close()
+
+
+def test_without_keeping_each_interpreter_is_closed(tree, monkeypatch):
+    monkeypatch.setattr(harness, "_KEPT", None)
+    with interpreter(tree) as it:
+        assert it.run("hjobs.jobs:getenv", fork=True, name="TPFIX_NONE") == {"value": None}
+    assert it.proc.poll() is not None
+
+
+def test_a_clean_interpreter_serves_the_next_block(tree, kept):
+    with interpreter(tree) as first:
+        assert first.run("hjobs.jobs:setenv", fork=True, name="TPFIX_H", value="1") == {}
+        assert first.run("hjobs.jobs:boom", fork=True)["error"] == "ValueError"
+    assert [it for _, it in kept] == [first] and first.proc.poll() is None
+    with interpreter(tree) as again:
+        assert again is first and again.stderr() == ""  # the earlier traceback is gone
+        assert again.run("hjobs.jobs:getenv", name="TPFIX_H") == {"value": None}
+    assert not kept and again.proc.poll() is not None  # an unforked job: closed
+
+
+def test_a_job_left_under_way_is_not_kept(tree, kept, monkeypatch):
+    with pytest.raises(KeyboardInterrupt), interpreter(tree) as it:
+
+        def interrupted(timeout=None):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(it._results, "get", interrupted)
+        it.run("hjobs.jobs:sleep", fork=True, seconds=0)
+    assert not kept and it.proc.poll() is not None
+
+
+def test_another_start_or_environment_gets_another_interpreter(tree, kept, monkeypatch):
+    with interpreter(tree) as plain:
+        pass
+    with interpreter(tree, [("hjobs.jobs:getenv", {"name": "X"})]) as ahead:
+        assert ahead is not plain
+    monkeypatch.setenv("TPFIX_OTHER", "1")
+    with interpreter(tree) as other_env:
+        assert other_env not in (plain, ahead)
+    monkeypatch.delenv("TPFIX_OTHER")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # not part of the key
+    with interpreter(tree) as same:
+        assert same is plain
+
+
+def test_a_dead_kept_interpreter_is_replaced_and_at_most_keep_are_kept(tree, kept, monkeypatch):
+    monkeypatch.setattr(harness, "KEEP", 1)
+    with interpreter(tree) as first:
+        pass
+    first.proc.kill()
+    first.proc.wait()
+    with interpreter(tree) as second:
+        assert second is not first
+        assert second.run("hjobs.jobs:getenv", fork=True, name="TPFIX_NONE") == {"value": None}
+    with interpreter(tree, [("hjobs.jobs:getenv", {"name": "X"})]) as third:
+        pass
+    assert [it for _, it in kept] == [third] and second.proc.poll() is not None

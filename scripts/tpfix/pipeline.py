@@ -292,8 +292,10 @@ def _build(
             wheel = _build_and_verify(
                 ctx, arch, workdir, staging, sdist, official, epoch, tree_parent
             )
+            ctx.check_unchanged()  # what was built is what the key names
             wheel_cache.store(line, arch, entry_key, wheel)
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
+        ctx.check_unchanged()  # what the SBOM and provenance describe
         others = [dist / p for p in other_arches(dist, wheel)]
         extras = describe(wheel, ctx, sdist, official, arch, epoch, signer, others)
         _step(f"package into {dist}")

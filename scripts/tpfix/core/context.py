@@ -43,16 +43,29 @@ class BuildContext:
         """Read the line's VERSION, series and pins.toml, each once (get_line
         checked that the three exist)."""
         series, pin_bytes = line.series.read_bytes(), line.pins.read_bytes()
-        data = read_pin_file(line.pins, pin_bytes.decode())
+        data = read_pin_file(line.pins, _text(line.pins, pin_bytes))
         pins = pin_artifacts(data, line.pins)
         return cls(
             line=line,
             version=read_version(line.version_file, pins),
-            series=tuple(parse_series(series.decode())),
+            series=tuple(parse_series(_text(line.series, series))),
             pins=tuple(pins),
             cuda=line.official_cuda(data),
             fingerprint=fingerprint(line, series, pin_bytes),
         )
+
+    def check_unchanged(self) -> None:
+        """Fail unless the line still ships what was resolved (its
+        fingerprint): a patch, the series or pins.toml edited during the build
+        would otherwise be built, cached and described as the inputs read
+        before.  The build checks it before it caches or describes a wheel."""
+        now = fingerprint(self.line)
+        if now != self.fingerprint:
+            raise Fail(
+                f"{shown(self.line.patches)}: the series, a patch or pins.toml changed "
+                f"during the build (fingerprint {self.fingerprint[:12]} -> {now[:12]}); "
+                "nothing was published: run ./build.sh again"
+            )
 
     def but(self, **changes) -> BuildContext:
         """A copy with `changes` (a test's wrong version, a shorter series)."""
@@ -79,6 +92,13 @@ class BuildContext:
             if a.role == "wheel" and a.arch == arch:
                 return a
         raise Fail(f"{shown(self.line.pins)}: no official wheel pinned for arch {arch!r}")
+
+
+def _text(path: Path, data: bytes) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise Fail(f"{shown(path)}: not UTF-8 ({e})") from None
 
 
 @dataclass(frozen=True)

@@ -5,4 +5,5 @@
 from tpfix.core.util import main_wrapper
 from tpfix.image.image import main
 
-main_wrapper(main)
+if __name__ == "__main__":
+    main_wrapper(main)

@@ -168,16 +168,21 @@ def series_info(ctx: BuildContext) -> tuple[list[str], str]:
 def stage_context(release: Release, ctx: Path) -> dict[str, str]:
     """Fill `ctx` (made afresh) and return the build arguments the labels need."""
     line, version = release.line, release.version
-    wheel, digest = find_wheel(release.dist, release.arch)
+    sums = release.dist / "SHA256SUMS"
+    if not sums.exists():
+        raise Fail(f"{sums} is missing: build the wheel first (./build.sh)")
+    name, digest, entry = wheel_entry(sums, release.arch)  # the one read of SHA256SUMS here
+    wheel = release.dist / name
     if wheel != release.wheel:
-        raise Fail(f"{release.dist / 'SHA256SUMS'} names {wheel.name}, not {release.wheel.name}")
+        raise Fail(f"{sums} names {name}, not {release.wheel.name}")
+    if not wheel.exists():
+        raise Fail(f"{wheel} (listed in {sums}) is missing: rerun ./build.sh")
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "dist").mkdir(parents=True)
     link_or_copy(wheel, ctx / "dist" / wheel.name)
     # Only the wheel's line: the other files SHA256SUMS lists (SBOM, provenance,
     # index pages) stay out of the context and so out of the build.
-    entry = wheel_entry(release.dist / "SHA256SUMS", release.arch)[2]
     (ctx / "dist" / "SHA256SUMS").write_text(entry + "\n")
     shutil.copy2(INSIDE, ctx / "image_inside.py")
     pins = repins(wheel, release.official)
@@ -399,7 +404,7 @@ def check_image_args(args: argparse.Namespace, arches: list[str]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tpfix.image", description=__doc__.splitlines()[0])
     ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
     add_image_args(ap)

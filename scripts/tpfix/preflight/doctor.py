@@ -253,7 +253,8 @@ def _vllm_message(message: str) -> str:
 
 def diagnose(argv: list[str], progress=lambda s: None) -> tuple[int, dict]:
     """Run the doctor; (exit code, report).  Fail for bad input."""
-    with contextlib.ExitStack() as stack:  # the replay interpreters, killed on leaving
+    # the replay interpreters: killed on leaving (kept, in the tests: keep_interpreters)
+    with contextlib.ExitStack() as stack:
         return _diagnose(argv, progress, stack)
 
 

@@ -165,7 +165,7 @@ def build_command(argv: list[str] | None = None) -> str:
     argv = sys.argv if argv is None else argv
     path = Path(argv[0])
     prog = ["./build.sh"]
-    if path.stem not in ("pipeline", "build.sh"):  # a module of scripts/: its dotted name
+    if path.name not in ("pipeline.py", "build.sh"):  # a module of scripts/: its dotted name
         module = path.resolve().with_suffix("")
         module = module.parent if module.name == "__main__" else module  # a package's
         scripts = ROOT / "scripts"

@@ -3,13 +3,14 @@
 """A line's triage of known advisories: advisories.toml beside its series.
 
 Read by tpfix.audit.advisories (the VEX analysis of each advisory found) and by
-tpfix.release.sbom (an advisory a patch fixes is among that patch's `resolves`).
+tpfix.release.wheel_sbom (an advisory a patch fixes is among that patch's `resolves`).
 The format is in tpfix.audit.advisories' docstring and in the file itself.
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 from tpfix.core.lines import Line
@@ -41,8 +42,9 @@ def triage_path(line: Line) -> Path:
     return line.series.parent / "advisories.toml"
 
 
-def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
-    """The line's advisories.toml, checked: {advisory id: entry}."""
+def load_triage(line: Line, series: Iterable[str] | None = None) -> tuple[Path, dict[str, dict]]:
+    """The line's advisories.toml, checked against its series (`series`: the
+    patch names a build resolved already): {advisory id: entry}."""
     path = triage_path(line)
     if not path.exists():
         return path, {}
@@ -50,7 +52,7 @@ def load_triage(line: Line) -> tuple[Path, dict[str, dict]]:
         entries = tomllib.loads(path.read_text()).get("advisory", [])
     except tomllib.TOMLDecodeError as e:
         raise Fail(f"{shown(path)}: not valid TOML: {e}") from None
-    series = set(read_series(line.series))
+    series = set(read_series(line.series) if series is None else series)
     out = {}
     for e in entries:
         where = f"{shown(path)}: {e.get('id', '(an entry without id)')}"

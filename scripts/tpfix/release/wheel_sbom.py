@@ -140,7 +140,7 @@ def patch_entries(ctx: BuildContext) -> list[Patch]:
     `resolves`, as security issues.  The library sorts patches; `dumps` puts
     them back in series order."""
     line, names = ctx.line, ctx.series
-    _, triage = load_triage(line)
+    _, triage = load_triage(line, names)
     rebased = _rebase_status(line)
     out = []
     for pos, name in enumerate(names, 1):

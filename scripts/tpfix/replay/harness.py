@@ -150,14 +150,14 @@ def forked(mod, fn, kwargs):
             os.close(r)
             text = json.dumps(run(mod, fn, kwargs))
             with os.fdopen(w, "w") as f:
-                f.write(text)
+                f.write(text + "\\n")
         except BaseException:
             traceback.print_exc()
         finally:
             os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
-        text = f.read()
+        text = f.readline()  # not to EOF: a process the job left may hold the pipe
     _, status = os.waitpid(pid, 0)
     return json.loads(text) if text else {"error": "Crashed", "message": f"fork: {status}"}
 out = os.fdopen(int(sys.argv[1]), "w")
@@ -207,7 +207,8 @@ class Interpreter:
         # alike in one process).
         env.setdefault("OMP_NUM_THREADS", "1")
         self._tmp = tempfile.TemporaryDirectory()
-        self._stderr = open(Path(self._tmp.name) / "stderr", "w+")  # noqa: SIM115
+        # appended (O_APPEND): interpreter() empties it for each preflight
+        self._stderr = open(Path(self._tmp.name) / "stderr", "a+")  # noqa: SIM115
         read, write = os.pipe()
         ahead_payload = json.dumps([[*spec.split(":"), kw] for spec, kw in ahead])
         self.proc = subprocess.Popen(
@@ -235,7 +236,7 @@ class Interpreter:
         ``fork``, it runs in a fork of the interpreter: what it changes (the
         environment, patched vLLM functions) is gone for the next job."""
         mod, fn = spec.split(":")
-        self.clean = self.clean and fork
+        clean, self.clean = self.clean and fork, False  # until its result is read
         try:
             self.proc.stdin.write(json.dumps([mod, fn, kwargs, fork]) + "\n")
             self.proc.stdin.flush()
@@ -250,6 +251,7 @@ class Interpreter:
             raise AssertionError(
                 f"scenario {spec} crashed in {self.tree} (rc={rc}):\n{self.stderr()}"
             )
+        self.clean = clean
         result = json.loads(line)
         if isinstance(result, dict) and "error" in result:
             result.setdefault("stderr", self.stderr())
@@ -277,8 +279,11 @@ class Interpreter:
 
 
 # Interpreters kept for the next interpreter() of the same tree, start-up jobs
-# and environment (keep_interpreters); None: each is closed after its block.
-_KEPT: dict[tuple, list[Interpreter]] | None = None
+# and environment (keep_interpreters), least recently used first; None: each
+# is closed after its block.  At most KEEP (each holds vLLM and torch imported,
+# about half a GB).
+_KEPT: list[tuple[tuple, Interpreter]] | None = None
+KEEP = 4
 # What pytest sets for each test, which no scenario reads: not part of the key.
 _PER_TEST_ENV = ("PYTEST_CURRENT_TEST",)
 
@@ -291,8 +296,8 @@ def keep_interpreters() -> None:
     the preflight many times (the tests); the kept ones die with the process."""
     global _KEPT
     if _KEPT is None:
-        _KEPT = {}
-        atexit.register(lambda: [it.close() for its in _KEPT.values() for it in its])
+        _KEPT = []
+        atexit.register(lambda: [it.close() for _, it in _KEPT])
 
 
 @contextlib.contextmanager
@@ -301,19 +306,25 @@ def interpreter(tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.
     or one kept from an earlier block (keep_interpreters) with its time reset."""
     env = {k: v for k, v in scenario_env(tree).items() if k not in _PER_TEST_ENV}
     key = (str(tree), json.dumps(list(ahead), sort_keys=True), json.dumps(env, sort_keys=True))
-    kept = _KEPT.get(key, []) if _KEPT is not None else []
-    while kept and kept[-1].proc.poll() is not None:  # it has gone meanwhile
-        kept.pop().close()
-    if kept:
-        it = kept.pop()
+    it = None
+    for i, (k, _) in enumerate(_KEPT or []):
+        if k == key:
+            it = _KEPT.pop(i)[1]
+            break
+    if it is not None and it.proc.poll() is None:  # alive: as it started, time reset
         it.timeout, it.deadline = timeout, time.monotonic() + timeout
+        it._stderr.truncate(0)
     else:
+        if it is not None:
+            it.close()  # it has gone meanwhile
         it = Interpreter(tree, ahead, timeout)
     try:
         yield it
     finally:
         if _KEPT is not None and it.clean and it.proc.poll() is None:
-            _KEPT.setdefault(key, []).append(it)
+            _KEPT.append((key, it))
+            while len(_KEPT) > KEEP:
+                _KEPT.pop(0)[1].close()
         else:
             it.close()
 
