@@ -32,7 +32,9 @@ sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != "x86_64")' 2>/
         sum=$(sha256sum "$f" | cut -d' ' -f1)
         [ -e "$venv/.installed-$sum" ] && continue
         echo "setting up $venv: $f (log: build/venv-install.log)" >&2
-        if ! "$venv/bin/python" -m pip install --disable-pip-version-check \
+        # --no-compile: Python compiles what it imports, when it does; compiling
+        # every file at install (torch's thousands) cost 11 s of the replay lock's 59.
+        if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-compile \
             --require-hashes -r "$f" >"$root/build/venv-install.log" 2>&1; then
             tail -n 20 "$root/build/venv-install.log" >&2
             echo "error: pip could not install $f into $venv (log above)" >&2
