@@ -75,11 +75,10 @@ def fi_index(tmp_path_factory) -> str:
         yield f"{server.url}/"
 
 
-@pytest.fixture(scope="module")
-def built(buildah, dist, base, fi_index, tmp_path_factory) -> image_engine.Built:
-    tmp = tmp_path_factory.mktemp("image")
-    ref = f"localhost/vllm-tpfix-test:{image_tag(get_line().version).split(':')[1]}"
-    b = image.build_image(
+def _build(dist: Path, base: str, fi_index: str, ref: str, tmp: Path) -> image_engine.Built:
+    """The image of dist/'s wheel on `base`, named `ref`, as ./build.sh --image
+    builds it (its context and archive in `tmp`)."""
+    return image.build_image(
         image.release_in(dist, CTX),
         base=base,
         tag=ref,
@@ -88,6 +87,12 @@ def built(buildah, dist, base, fi_index, tmp_path_factory) -> image_engine.Built
         engine="buildah",
         ctx=tmp / "ctx",
     )
+
+
+@pytest.fixture(scope="module")
+def built(buildah, dist, base, fi_index, tmp_path_factory) -> image_engine.Built:
+    ref = f"localhost/vllm-tpfix-test:{image_tag(get_line().version).split(':')[1]}"
+    b = _build(dist, base, fi_index, ref, tmp_path_factory.mktemp("image"))
     yield b
     subprocess.run([buildah, "rmi", ref], capture_output=True)
     if b.archive:
@@ -404,15 +409,7 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path)
     ref = "localhost/vllm-tpfix-test:reproducible"
     subprocess.run([buildah, "rmi", ref], capture_output=True)  # a killed run's
     try:
-        b = image.build_image(
-            image.release_in(dist, CTX),
-            base=base,
-            tag=ref,
-            flashinfer_index=fi_index,
-            archive_dir=tmp_path / "out",
-            engine="buildah",
-            ctx=tmp_path / "ctx",
-        )
+        b = _build(dist, base, fi_index, ref, tmp_path)
         assert "Using cache" not in b.output
         eng = image_engine.Engine("buildah", buildah)
         cmd = image_engine.build_cmd(eng, image.DOCKERFILE, b.ctx, ref, {}, b.epoch, b.arch)
