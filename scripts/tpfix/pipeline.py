@@ -286,16 +286,19 @@ def _build(
     wheel = wheel_cache.restore(line, arch, entry_key, staging, _step) if cached else None
     tree_parent = Path(tempfile.mkdtemp(prefix="tree.", dir=workdir))
     try:
-        if wheel:
+        restored = wheel is not None
+        if restored:
             _step(f"build: {wheel.name} as built and verified before (--no-cache: build again)")
         else:
             wheel = _build_and_verify(
                 ctx, arch, workdir, staging, sdist, official, epoch, tree_parent
             )
-            ctx.check_unchanged()  # what was built is what the key names
+        # What the cache key names and the SBOM and provenance describe: the
+        # inputs as resolved, not as edited meanwhile.
+        ctx.check_unchanged()
+        if not restored:
             wheel_cache.store(line, arch, entry_key, wheel)
         _step("package: SBOM, provenance" + (" (signed)" if signer else "") + ", index")
-        ctx.check_unchanged()  # what the SBOM and provenance describe
         others = [dist / p for p in other_arches(dist, wheel)]
         extras = describe(wheel, ctx, sdist, official, arch, epoch, signer, others)
         _step(f"package into {dist}")
@@ -392,8 +395,8 @@ def main() -> None:
     ctx = BuildContext.resolve(line)  # the one read of VERSION, series and pins
     check_revision(ctx)
     arches = ctx.arches if args.arch == "all" else [args.arch]
-    if not set(arches) <= set(ctx.arches):
-        raise Fail(f"{shown(line.pins)}: no official wheel pinned for arch {args.arch!r}")
+    for arch in arches:
+        ctx.wheel_pin(arch)  # the line pins it: else stop before any work
     if args.image:
         check_image_args(args, arches)  # before any download
     args.dist = args.dist or line.dist

@@ -20,10 +20,13 @@ from pathlib import Path
 from tpfix.core.lines import (
     Artifact,
     Line,
+    arches_of,
     fingerprint,
     pin_artifacts,
     read_pin_file,
     read_version,
+    sdist_of,
+    wheel_of,
 )
 from tpfix.core.patch_format import parse_series
 from tpfix.core.util import Fail, shown
@@ -78,20 +81,14 @@ class BuildContext:
     @property
     def arches(self) -> list[str]:
         """The arches of the official wheels the pins list (--arch all)."""
-        return sorted({a.arch for a in self.pins if a.role == "wheel"})
+        return arches_of(self.pins)
 
     @property
     def sdist_pin(self) -> Artifact:
-        for a in self.pins:
-            if a.role == "sdist":
-                return a
-        raise Fail(f"{shown(self.line.pins)}: no sdist pinned")
+        return sdist_of(self.pins, self.line.pins)
 
     def wheel_pin(self, arch: str) -> Artifact:
-        for a in self.pins:
-            if a.role == "wheel" and a.arch == arch:
-                return a
-        raise Fail(f"{shown(self.line.pins)}: no official wheel pinned for arch {arch!r}")
+        return wheel_of(self.pins, arch, self.line.pins)
 
 
 def _text(path: Path, data: bytes) -> str:

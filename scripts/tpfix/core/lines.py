@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,15 +230,33 @@ def tag_pins(tag: str) -> Path:
     return PINS / f"{tag}.toml"
 
 
+def sdist_of(pins: Iterable[Artifact], where: Path) -> Artifact:
+    """The sdist among `pins` (those of pin file `where`)."""
+    for a in pins:
+        if a.role == "sdist":
+            return a
+    raise Fail(f"{shown(where)}: no sdist pinned")
+
+
+def wheel_of(pins: Iterable[Artifact], arch: str, where: Path) -> Artifact:
+    """The official wheel of `arch` among `pins` (those of pin file `where`)."""
+    for a in pins:
+        if a.role == "wheel" and a.arch == arch:
+            return a
+    raise Fail(f"{shown(where)}: no official wheel pinned for arch {arch!r}")
+
+
+def arches_of(pins: Iterable[Artifact]) -> list[str]:
+    """The arches of the official wheels among `pins`."""
+    return sorted({a.arch for a in pins if a.role == "wheel"})
+
+
 def sdist_pin(tag: str) -> Artifact:
-    return next(a for a in load_pins(tag_pins(tag)) if a.role == "sdist")
+    return sdist_of(load_pins(tag_pins(tag)), tag_pins(tag))
 
 
 def wheel_pin(arch: str, tag: str) -> Artifact:
-    for a in load_pins(tag_pins(tag)):
-        if a.role == "wheel" and a.arch == arch:
-            return a
-    raise Fail(f"{tag_pins(tag)}: no official wheel pinned for arch {arch!r}")
+    return wheel_of(load_pins(tag_pins(tag)), arch, tag_pins(tag))
 
 
 def wheel_arches(tag: str | None = None) -> list[str]:
@@ -246,7 +265,7 @@ def wheel_arches(tag: str | None = None) -> list[str]:
     arches: set[str] = set()
     for t in [tag] if tag else line_names():
         try:
-            arches |= {a.arch for a in load_pins(tag_pins(t)) if a.role == "wheel"}
+            arches |= set(arches_of(load_pins(tag_pins(t))))
         except Fail:
             if tag:
                 raise

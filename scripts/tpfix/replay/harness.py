@@ -304,13 +304,14 @@ def keep_interpreters() -> None:
 def interpreter(tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.0):
     """Interpreter(tree, ahead, timeout) for the block, closed when it ends,
     or one kept from an earlier block (keep_interpreters) with its time reset."""
-    env = {k: v for k, v in scenario_env(tree).items() if k not in _PER_TEST_ENV}
-    key = (str(tree), json.dumps(list(ahead), sort_keys=True), json.dumps(env, sort_keys=True))
-    it = None
-    for i, (k, _) in enumerate(_KEPT or []):
-        if k == key:
-            it = _KEPT.pop(i)[1]
-            break
+    key, it = None, None
+    if _KEPT is not None:  # keeping: the same tree, start-up jobs and environment
+        env = {k: v for k, v in scenario_env(tree).items() if k not in _PER_TEST_ENV}
+        key = (str(tree), json.dumps(list(ahead), sort_keys=True), json.dumps(env, sort_keys=True))
+        for i, (k, _) in enumerate(_KEPT):
+            if k == key:
+                it = _KEPT.pop(i)[1]
+                break
     if it is not None and it.proc.poll() is None:  # alive: as it started, time reset
         it.timeout, it.deadline = timeout, time.monotonic() + timeout
         it._stderr.truncate(0)
@@ -321,7 +322,7 @@ def interpreter(tree: Path, ahead: Sequence[tuple[str, dict]] = (), timeout=900.
     try:
         yield it
     finally:
-        if _KEPT is not None and it.clean and it.proc.poll() is None:
+        if key is not None and it.clean and it.proc.poll() is None:
             _KEPT.append((key, it))
             while len(_KEPT) > KEEP:
                 _KEPT.pop(0)[1].close()
