@@ -3,8 +3,51 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution
 # Sourced by build.sh and ci/test.sh: make (or update) build/venv from the
 # lock files given as arguments (ci/*.lock: exact versions with their sha256,
-# installed with --require-hashes; python -m tpfix.maint.lock writes them),
-# and check the tools the pipeline needs.
+# complete: every requirement of every locked package is itself locked;
+# python -m tpfix.maint.lock writes them), and check the tools the pipeline needs.
+
+# The oldest pip this supports: CPython 3.11.7's bundled pip, what
+# `python3 -m venv` puts in a new venv.  Nothing here needs a newer one.
+MIN_PIP=23.2.1
+
+# install_lock PYTHON LOCK LOG: install exactly what LOCK names into PYTHON's
+# environment, resolving nothing against the index.  A lock is a complete,
+# hash-checked set, so pip installs it --no-deps (pip's documented way for
+# such files): with dependency resolution on, pip before 23.3 looks a locked
+# package's extra (CacheControl[filecache] of pip-audit) up on the index as a
+# requirement of its own, takes the newest release there and stops on its
+# missing hash, so any later upload could break the install.  `pip check`
+# then proves the set consistent.  tests/test_lock.py runs this function.
+install_lock() {
+    local py=$1 lock=$2 log=$3
+    local pip
+    pip=$("$py" -m pip --version 2>/dev/null | cut -d' ' -f2)
+    if [ -z "$pip" ] || [ "$(printf '%s\n' "$MIN_PIP" "$pip" | sort -V | head -n1)" != "$MIN_PIP" ]; then
+        echo "error: $py has pip ${pip:-none}; the locks need pip >= $MIN_PIP:" \
+            "$py -m pip install 'pip>=$MIN_PIP'" >&2
+        return 2
+    fi
+    # --no-compile: Python compiles what it imports, when it does; compiling
+    # every file at install (torch's thousands) cost 11 s of the replay lock's 59.
+    if ! "$py" -m pip install --disable-pip-version-check --no-compile --no-deps \
+        --require-hashes -r "$lock" >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        echo "error: pip could not install $lock into $("$py" -c 'import sys; print(sys.prefix)') (log above)" >&2
+        if grep -q "torch==2.13.0+cpu" "$log"; then
+            echo "  the locks take PyTorch's CPU build, torch 2.13.0+cpu: let pip" \
+                "find it (PIP_FIND_LINKS=<folder with its wheel>, or" \
+                "PIP_EXTRA_INDEX_URL=<PyTorch's CPU wheel index>)" >&2
+        fi
+        return 2
+    fi
+    if ! "$py" -m pip check --disable-pip-version-check >>"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        echo "error: $lock installed, but pip check finds a requirement it does not meet" \
+            "(log above): the lock is incomplete; run python -m tpfix.maint.lock" >&2
+        return 2
+    fi
+}
+
 ensure_venv() {
     local root venv py
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,19 +75,7 @@ sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != "x86_64")' 2>/
         sum=$(sha256sum "$f" | cut -d' ' -f1)
         [ -e "$venv/.installed-$sum" ] && continue
         echo "setting up $venv: $f (log: build/venv-install.log)" >&2
-        # --no-compile: Python compiles what it imports, when it does; compiling
-        # every file at install (torch's thousands) cost 11 s of the replay lock's 59.
-        if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-compile \
-            --require-hashes -r "$f" >"$root/build/venv-install.log" 2>&1; then
-            tail -n 20 "$root/build/venv-install.log" >&2
-            echo "error: pip could not install $f into $venv (log above)" >&2
-            if grep -q "torch==2.13.0+cpu" "$root/build/venv-install.log"; then
-                echo "  the locks take PyTorch's CPU build, torch 2.13.0+cpu: let pip" \
-                    "find it (PIP_FIND_LINKS=<folder with its wheel>, or" \
-                    "PIP_EXTRA_INDEX_URL=<PyTorch's CPU wheel index>)" >&2
-            fi
-            return 2
-        fi
+        install_lock "$venv/bin/python" "$f" "$root/build/venv-install.log" || return 2
         touch "$venv/.installed-$sum"
     done
     # This checkout's tooling (the tpfix package in scripts/), editable: once

@@ -13,14 +13,19 @@ The inputs are the requirement files a maintainer edits:
       requirements: the replays import the real vLLM of each line)
   ci/requirements-test.txt    the test tools (ci/test.sh)    -> requirements-test.lock
 
-ci/venv.sh installs the locks with `pip install --require-hashes`, in that
-order, each on top of the one before.  All three come from one resolution (uv
-pip compile, for CPython 3.11 on x86_64 Linux, the venv's Python), so a
-package in two locks has the same version and hashes in both, and the one
-venv satisfies the common.txt of every line at once: `./build.sh doctor
---line v0.33.0` replays with a transformers inside v0.33.0's range.  When a
-new line's ranges exclude an older line's, the resolution fails and says so;
-such lines need venvs of their own.
+ci/venv.sh installs the locks with `pip install --no-deps --require-hashes`,
+in that order, each on top of the one before, then runs `pip check`: nothing
+is resolved against the index while a lock installs, so a release published
+after the lock cannot change what it installs. That is safe because each lock
+is complete: every requirement of every locked package (for the target's
+markers, with the extras that the inputs and the locked packages ask for) is
+itself locked at a version that meets it (`incomplete`, tests/test_lock.py).
+All three come from one resolution (uv pip compile, for CPython 3.11 on x86_64
+Linux, the venv's Python), so a package in two locks has the same version and
+hashes in both, and the one venv satisfies the common.txt of every line at
+once: `./build.sh doctor --line v0.33.0` replays with a transformers inside
+v0.33.0's range. When a new line's ranges exclude an older line's, the
+resolution fails and says so; such lines need venvs of their own.
 
 torch is PyTorch's CPU build (torch==2.13.0+cpu, the hash of that wheel):
 nothing here runs CUDA, and the CUDA build on the index weighs GBs with its
@@ -32,18 +37,22 @@ config or PIP_FIND_LINKS; this machine's lies in /opt/wheels), or pass
 lines' sdists come from the sha256-keyed cache): every pin of a lock carries
 a hash; the three locks agree; each lock's pins meet its input file's
 requirements, and the replay lock meets every line's common.txt (markers
-evaluated for the venv's Python and platform).
+evaluated for the venv's Python and platform); and, from the metadata of the
+packages this venv holds, that each lock is complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import email.message
 import functools
+import importlib.metadata
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +80,7 @@ HEADER = (
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM tpfix distribution\n"
     "# Generated from {input}{extra}\n"
     "# by `python -m tpfix.maint.lock`: do not edit; edit the input and run it again.\n"
-    "# Installed by ci/venv.sh with --require-hashes.\n"
+    "# Installed by ci/venv.sh with --no-deps --require-hashes: complete, nothing resolved.\n"
 )
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
@@ -167,6 +176,55 @@ def problems() -> list[str]:
     return found
 
 
+def incomplete(
+    lock: Path,
+    metadata: Callable[[Pin], email.message.Message | None],
+    roots: list[Requirement] = (),
+) -> list[str]:
+    """Each requirement that a package of `lock` has and `lock` does not meet,
+    said in one line: ci/venv.sh installs a lock without resolving anything,
+    so what the lock leaves out would be missing.  `metadata(pin)` is the
+    package's core metadata (None: unknown, said so); `roots` (the input
+    file's requirements) add the extras they ask for.  Markers are evaluated
+    for TARGET, with each extra that is asked for of a package."""
+    pins = read_lock(lock)
+    asked = [(canonicalize_name(p.name), "") for p in pins.values()]
+    asked += [(canonicalize_name(r.name), e) for r in roots for e in sorted(r.extras)]
+    seen: set[tuple[str, str]] = set()
+    found: list[str] = []
+    while asked:
+        key, extra = asked.pop()
+        if (key, extra) in seen or key not in pins:
+            continue
+        seen.add((key, extra))
+        pin = pins[key]
+        meta = metadata(pin)
+        if meta is None:
+            found.append(f"{shown(lock)}: no metadata of {pin.name}=={pin.version} to check")
+            continue
+        env = {**TARGET, "extra": extra}
+        for line in meta.get_all("Requires-Dist") or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            if extra and (req.marker is None or "extra" not in str(req.marker)):
+                continue  # the package's own requirements: checked without the extra
+            via = f"{pin.name}[{extra}]" if extra else pin.name
+            found += unmet([req], pins, f"required by {via}", lock)
+            asked += [(canonicalize_name(req.name), e) for e in sorted(req.extras)]
+    return found
+
+
+def installed_metadata(pin: Pin) -> email.message.Message | None:
+    """The metadata of `pin` as this venv holds it; None unless this venv
+    holds exactly that version."""
+    try:
+        dist = importlib.metadata.distribution(pin.name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return dist.metadata if dist.version == pin.version else None
+
+
 def find_links() -> list[str]:
     """Where pip finds wheels besides the index (the CPU torch): PIP_FIND_LINKS,
     else pip's configured global.find-links."""
@@ -225,6 +283,9 @@ def main() -> None:
     if not args.check:
         compile_layers(args.find_links or find_links())
     found = problems()
+    if args.check:
+        for src, path in LAYERS:
+            found += incomplete(path, installed_metadata, requirements(src.read_text(), shown(src)))
     for p in found:
         print(p, file=sys.stderr)
     if found:
