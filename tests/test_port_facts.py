@@ -134,3 +134,43 @@ def test_mismatches():
         "message: 'token_num (8192) exceeds' does not contain '(4096)'"
     ]
     assert mismatches(got, {}, {"models.t": "1"}) == ["models.t: 1 does not contain '1'"]
+
+
+def test_a_check_that_could_not_run_is_recorded_as_undecided():
+    """start_line v0.31.0 died in record() (`TypeError: cannot record None`):
+    a scenario check that cannot run on the tag (run_check's {"passed": None,
+    "error": ...}) is recorded as a comment saying so, not as a verdict."""
+    source = get_line()
+    name = read_series(source.series)[0]
+    error = "Traceback (most recent call last):\n  ...\nImportError: cannot import name 'x'"
+    report = {
+        "from": source.tag,
+        "to": "v9.9.9",
+        "patches": [
+            {
+                "name": name,
+                "status": "applies",
+                "checks": [
+                    {
+                        "spec": "bug_c:import_flashinfer_all_reduce",
+                        "kwargs": {},
+                        "target": {"passed": None, "error": error},
+                    },
+                    {
+                        "spec": "bug_a:standalone",
+                        "kwargs": {},
+                        "target": {"passed": True, "result": {}},
+                        "pinned_before": {"passed": None, "error": ""},
+                    },
+                ],
+            }
+        ],
+    }
+    text = record(report, [name])
+    assert "# target: undecided, the check did not run: ImportError: cannot import name 'x'" in text
+    assert "# pinned_before: undecided, the check did not run: no result" in text
+    checks = tomllib.loads(text)["report"][name]["checks"]
+    assert checks == [
+        {"spec": "bug_c:import_flashinfer_all_reduce"},
+        {"spec": "bug_a:standalone", "target": True},
+    ]

@@ -161,10 +161,11 @@ def _value(v: Any) -> str:
     raise TypeError(f"cannot record {v!r}")
 
 
-def record(report: dict, carried: list[str]) -> str:
+def record(report: dict, carried: list[str], new: list[str] = ()) -> str:
     """port.toml as start_line writes it from a rebase report: what the
     report recorded for each patch, `why` left for the maintainer (load()
-    refuses it empty), and a [port] entry for each carried patch."""
+    refuses it empty), a [port] entry for each carried patch, and one for
+    each `new` patch start_line wrote itself (a --repin: its why said)."""
     source = get_line(report["from"])
     out = [
         f"# The port of the {report['from']} line's series onto {report['to']}: what",
@@ -182,9 +183,17 @@ def record(report: dict, carried: list[str]) -> str:
             out.append(f"spec = {_value(check['spec'])}")
             if check.get("kwargs"):
                 out.append(f"kwargs = {_value(check['kwargs'])}")
-            out.append(f"target = {_value(check['target']['passed'])}")
-            if "pinned_before" in check:
-                out.append(f"pinned_before = {_value(check['pinned_before']['passed'])}")
+            for key in ("target", "pinned_before"):
+                if key not in check:
+                    continue
+                if check[key]["passed"] is None:  # the check could not run there
+                    error = (check[key].get("error") or "no result").strip().splitlines()
+                    out.append(f"# {key}: undecided, the check did not run: {error[-1][:160]}")
+                else:
+                    out.append(f"{key} = {_value(check[key]['passed'])}")
+    for name in new:
+        out += ["", f"[port.{json.dumps(name)}]", "new = true", "fixes = []"]
+        out.append('why = "re-pin: the package index does not serve upstream\'s pin"')
     for name in carried:
         out += ["", f"[port.{json.dumps(name)}]", 'why = ""']
         out.append(f"fixes = {_value(fixes(source.patches / name))}")

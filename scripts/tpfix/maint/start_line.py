@@ -5,6 +5,7 @@
     python -m tpfix.maint.start_line v0.34.0                 # from the newest older line
     python -m tpfix.maint.start_line v0.34.0 --from v0.27.1  # from another line
     python -m tpfix.maint.start_line v0.34.0 --no-checks     # textual classification only
+    python -m tpfix.maint.start_line v0.34.0 --repin flashinfer-python==0.7.4
 
 For a tag with no line yet it writes patches/TAG/ (the same shape as every line):
 
@@ -14,8 +15,8 @@ For a tag with no line yet it writes patches/TAG/ (the same shape as every line)
                and the facts the versions table shows (tpfix.audit.support_matrix):
                `requires-python`, `torch`, `flashinfer` from the wheels'
                METADATA (both wheels must agree), `image-python` from the
-               sdist's docker/Dockerfile.  A patch of the series that re-pins
-               FlashInfer needs `flashinfer-repinned` added by hand.
+               sdist's docker/Dockerfile, `flashinfer-repinned` with a
+               --repin of flashinfer-python.
                Review them before committing: a pin is a reviewed fact.
   series       the source line's series as rebase.py carries it onto TAG:
                absorbed patches dropped, patches that apply exactly or with
@@ -39,6 +40,16 @@ Without --from it starts from the newest line of an older release (an
 absorbed verdict is red on the source's tag, green on TAG), or from the
 newest line, with a note, when none is older.
 
+Before anything else is written, the release is checked as it comes: the
+sdist's [build-system] requires must be met by build/venv (torch aside), and
+every `==` pin of the official x86_64 wheel must be served by the package
+index for the official image's Python; a pin that is not is named in one
+line with the way out, `--repin NAME==VERSION` (tpfix.maint.repin): the
+re-pin becomes the line's first patch (0001, in the shape of v0.27.1's),
+checked against what vLLM imports of it (missing names and calls its
+signatures refuse are printed and written into the patch's header, for a
+maintainer to port), and the scenario checks replay with it.
+
 Nothing is left when the line already exists or a step fails (the folder is
 removed again, also on SIGTERM); VERSION is written last, so a folder without
 it (after kill -9) is not a line and the next run says to remove it.  When
@@ -53,7 +64,12 @@ import json
 import re
 import shutil
 import sys
+import tarfile
+import tempfile
+import zipfile
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
 
 from tpfix.audit.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
 from tpfix.core.lines import (
@@ -69,8 +85,9 @@ from tpfix.core.lines import (
 )
 from tpfix.core.util import Fail, main_wrapper, sdist_text, shown, sigterm_as_interrupt
 from tpfix.core.wheelfile import wheel_requirements
-from tpfix.maint import lock, port_facts
+from tpfix.maint import lock, port_facts, repin
 from tpfix.maint.rebase import format_table, rebase
+from tpfix.stages.build import build_requirement_problems
 from tpfix.stages.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 
 
@@ -87,6 +104,11 @@ def _toml_pins(tag: str, arts, cuda: str, facts: dict[str, str]) -> str:
         "# What the official wheels' METADATA requires (tpfix.audit.support_matrix.wheel_facts)",
         *(f'{k} = "{facts[k]}"' for k in WHEEL_FACTS),
     ]
+    if facts.get("flashinfer-repinned"):
+        out += [
+            "# The flashinfer-python== our wheel requires: 0001 re-pins it (start_line --repin)",
+            f'flashinfer-repinned = "{facts["flashinfer-repinned"]}"',
+        ]
     if facts.get("image-python"):
         out += [
             "# Python of the official image: PYTHON_VERSION of the sdist's docker/Dockerfile",
@@ -155,8 +177,65 @@ ADVISORIES = """\
 """
 
 
-def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
+def _check_release(tag: str, sdist: Path, wheel, facts: dict, repins: dict[str, str]) -> None:
+    """The release as it comes (module docstring): build requirements met,
+    every upstream `==` pin served or re-pinned; Fail in one line per problem."""
+    problems = build_requirement_problems(
+        sdist_text(sdist, "pyproject.toml") or "", f"{sdist.name} pyproject.toml"
+    )
+    python = facts.get("image-python") or "3.12"
+    missing = repin.unserved(cached_path(wheel), python, "x86_64", wheel.platform)
+    pinned = {canonicalize_name(n): v for n, v, _ in missing}
+    for name, version, versions in missing:
+        if canonicalize_name(name) not in repins:
+            near = ", ".join(repin.nearby(version, versions)) or "none"
+            problems.append(
+                f"vLLM {tag} pins {name}=={version}, which the package index does not "
+                f"serve (nearest: {near}): re-pin it, python -m tpfix.maint.start_line "
+                f"{tag} --repin {name}==VERSION (it becomes the line's first patch)"
+            )
+    upstream = {canonicalize_name(r.name) for r in wheel_requirements(cached_path(wheel))}
+    for name in repins:
+        if name not in upstream:
+            problems.append(f"--repin {name}: vLLM {tag}'s wheel does not require {name}")
+        elif name not in pinned:
+            print(f"note: --repin {name}: the index serves upstream's pin too", file=sys.stderr)
+    if problems:
+        raise Fail("\n".join(problems))
+
+
+def _repin_patch(tag: str, sdist: Path, name: str, new: str) -> tuple[str, str]:
+    """(file name, text) of the line's re-pin patch, its API checked against
+    the re-pinned release (problems printed and written into the header)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        tree = next(Path(tmp).iterdir())
+        text = (tree / "requirements" / "cuda.txt").read_text()
+        m = re.search(rf"^{re.escape(name)}==(\S+)", text, re.M | re.I)
+        if not m:
+            raise Fail(f"--repin {name}: {sdist.name} requirements/cuda.txt pins no {name}")
+        wheel = fetch_test_dep(name, new)
+        site = Path(tmp) / "site"
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(site)
+        packages = sorted(
+            {n.split("/")[0] for n in z.namelist() if "/" in n and ".dist-info/" not in n}
+        )
+        problems: list[str] = []
+        for package in packages:
+            problems += repin.api_problems(tree, site, package)[0]
+        for p in problems:
+            print(f"warning: {name}=={new}: {p}", file=sys.stderr)
+        body = repin.repin_patch(tree, tag, name, m.group(1), new, problems)
+    return f"0001-repin-{name}-{new}.patch", body
+
+
+def new_line(
+    tag: str, source: Line, checks: bool = True, repins: dict[str, str] | None = None
+) -> tuple[Path, dict]:
     """Write patches/TAG/ from `source`'s series (see the module docstring)."""
+    repins = repins or {}
     if not re.fullmatch(r"v\d+\.\d+\.\d+", tag):
         raise Fail(f"{tag!r} is not a release tag like v0.34.0")
     dest = LINES / tag
@@ -177,15 +256,25 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
         wheel = next(a for a in arts if a.arch == "x86_64")
         cuda = wheel_cuda(cached_path(wheel), source.official_cuda())
         facts = _release_facts(sdist, [cached_path(a) for a in arts if a.role == "wheel"])
+        _check_release(tag, sdist, wheel, facts, repins)
         fi = _flashinfer_pin(sdist)
-        if fi is not None:
+        if fi is not None and "flashinfer-python" in repins:
+            facts["flashinfer-repinned"] = repins["flashinfer-python"]
+            fi = ("flashinfer-python", repins["flashinfer-python"])
+        for name, version in [*([fi] if fi else []), *repins.items()]:
             try:
-                fetch_test_dep(*fi)  # pinned already (pins/flashinfer.toml, a line)
+                fetch_test_dep(name, version)  # pinned already (pins/flashinfer.toml, a line)
             except Fail:
-                arts.append(pin_test_dep(*fi))  # the scenario checks need it
+                arts.append(pin_test_dep(name, version))  # the scenario checks need it
         (dest / "pins.toml").write_text(_toml_pins(tag, arts, cuda, facts))
+        first = [_repin_patch(tag, sdist, n, v) for n, v in sorted(repins.items())]
         report = rebase(tag, dest / ".rebase", source, checks=None if checks else {})
         carried = report["carried"]
+        for name, text in first:
+            (dest / name).write_text(text)
+        (dest / ".rebase" / "patches" / "series").write_text(
+            "".join(f"{n}\n" for n, _ in first) + "".join(f"{n}\n" for n in carried)
+        )
         for name in [*carried, "series"]:
             shutil.copyfile(dest / ".rebase" / "patches" / name, dest / name)
         if (dest / ".rebase" / "conflicts").exists():
@@ -198,12 +287,16 @@ def new_line(tag: str, source: Line, checks: bool = True) -> tuple[Path, dict]:
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
         (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (dest / port_facts.FILE).write_text(port_facts.record(report, carried))
+        (dest / port_facts.FILE).write_text(
+            port_facts.record(report, carried, new=[n for n, _ in first])
+        )
         (dest / "CHANGELOG.md").write_text(
             f"# {tag} line: changelog\n\n## {tag[1:]}+{LABEL}.1\n\n"
             f"fingerprint: sha256:{fingerprint(Line.at(dest))}\n\n"
             f"First revision: the series of the {source.tag} line carried onto {tag} "
-            f"({len(carried)} patches).\n"
+            f"({len(carried)} patches)"
+            + "".join(f"; {n} re-pins {v} (start_line --repin)" for n, v in sorted(repins.items()))
+            + ".\n"
         )
         (dest / "advisories.toml").write_text(ADVISORIES)
         # VERSION last: it makes the folder a line
@@ -228,7 +321,15 @@ def main() -> None:
         help="the line whose series moves (default: the newest line of an older release)",
     )
     ap.add_argument("--no-checks", action="store_true", help="skip the scenario checks")
+    ap.add_argument(
+        "--repin",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="re-pin an upstream pin the index does not serve (the line's first patch)",
+    )
     args = ap.parse_args()
+    repins = dict(repin.parse_repin(r) for r in args.repin)
     sigterm_as_interrupt()
     source = args.source or newest_line_before(args.tag) or newest_line()
     if tag_version(args.tag) and tag_version(source) > tag_version(args.tag):
@@ -237,7 +338,7 @@ def main() -> None:
             f"absorbed upstream is not tried on {args.tag}",
             file=sys.stderr,
         )
-    dest, report = new_line(args.tag, get_line(source), not args.no_checks)
+    dest, report = new_line(args.tag, get_line(source), not args.no_checks, repins)
     print(format_table(report))
     left = [r["name"] for r in report["patches"] if r["status"] == "conflicts"]
     print(

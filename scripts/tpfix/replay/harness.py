@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpfix.core.lines import Line, get_line
+from tpfix.core.lines import LINES, Line, get_line, read_pin_file
 from tpfix.core.patch_format import read_patch, read_series
 from tpfix.core.util import Fail, cache_dir, cache_lock
 from tpfix.stages.fetch import fetch_test_dep
@@ -72,10 +72,23 @@ def tree_before(patch: str, line: Line | None = None) -> Path:
 
 
 def pinned_flashinfer(tree: Path) -> str:
+    """The FlashInfer a tree replays with: the one its requirements/cuda.txt
+    pins, or, where that release has no test pin because the package index
+    does not serve it, the re-pin of the line that re-pins it (pins.toml
+    `flashinfer` = it, `flashinfer-repinned`: tpfix.maint.start_line --repin),
+    which is what that line's wheel runs with."""
     text = (tree / "requirements" / "cuda.txt").read_text()
     m = re.search(r"^flashinfer-python==(\S+)", text, re.M)
     assert m, f"{tree}: requirements/cuda.txt pins no flashinfer-python"
-    return m.group(1)
+    version = m.group(1)
+    try:
+        fetch_test_dep("flashinfer-python", version, download=False)
+    except Fail:
+        for pins in sorted(LINES.glob("*/pins.toml")):
+            data = read_pin_file(pins)
+            if data.get("flashinfer") == version and data.get("flashinfer-repinned"):
+                return data["flashinfer-repinned"]
+    return version
 
 
 def flashinfer_site(version: str) -> Path:

@@ -10,6 +10,14 @@ compiled here, we tell setup.py the CUDA version the official wheel was built
 for (`cuda` in the line's pins), in the build process only (no sitecustomize,
 nothing installed).
 
+Nothing is compiled, Rust included: where the official wheel carries a Rust
+part (the `vllm-rs` frontend, a `vllm/_rust_*.so`), vLLM's own
+`precompiled_build_rust` takes it from there; where it does not (v0.34.0's
+x86_64 wheel carries neither), setup.py would fall back to a local cargo
+build, which would fetch a toolchain and crates and add a `vllm-rs` upstream's
+wheel lacks.  The build process replaces setuptools-rust's build step by one
+that says so and builds nothing (vLLM's own subclass still runs its checks).
+
 torch's own version does not reach the wheel: in this mode setup.py reads
 only `torch.version.*` (target detection) and nothing is compiled against
 torch.  So every line builds with the CPU torch of ci/requirements-build.lock,
@@ -21,22 +29,57 @@ file against the official wheel.
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import os
 import re
 import sys
 import tarfile
 import tempfile
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from tpfix.core.util import Fail, free_bytes, run
 
 _SETUP = """
 import runpy, sys, torch
 torch.version.cuda = sys.argv[3]
+try:  # trees with Rust parts (v0.34.0: setuptools-rust, vllm/vllm-rs)
+    import setuptools_rust.build as rust
+except ImportError:
+    rust = None
+if rust is not None:
+    def _no_local_rust(self):
+        print("tpfix: no local Rust build: the wheel ships the official wheel's Rust parts, if any")
+    rust.build_rust.run = _no_local_rust
 sys.argv = ["setup.py", "bdist_wheel", "--py-limited-api=cp38",
             "--plat-name", sys.argv[1], "--dist-dir", sys.argv[2]]
 runpy.run_path("setup.py", run_name="__main__")
 """
+
+
+def build_requirement_problems(pyproject: str, where: str) -> list[str]:
+    """Each of `pyproject`'s [build-system] requires that this interpreter's
+    environment (build/venv) does not meet, said in one line with the way
+    out.  torch is left out on purpose: the CPU build of
+    ci/requirements-build.lock builds every line (module docstring)."""
+    problems = []
+    for text in tomllib.loads(pyproject).get("build-system", {}).get("requires", []):
+        req = Requirement(text)
+        if req.name == "torch" or (req.marker and not req.marker.evaluate()):
+            continue
+        try:
+            have = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            have = None
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            problems.append(
+                f"{where} [build-system] requires {req}; build/venv has "
+                f"{req.name + '==' + have if have else 'none'}: add it to "
+                "ci/requirements-build.txt and run python -m tpfix.maint.lock"
+            )
+    return problems
 
 
 def source_date_epoch(sdist: Path) -> int:
@@ -67,6 +110,9 @@ def build_wheel(
 
     `cuda` is the CUDA version the official wheel was built for (Line.official_cuda).
     """
+    problems = build_requirement_problems((tree / "pyproject.toml").read_text(), "pyproject.toml")
+    if problems:
+        raise Fail("\n".join(problems))
     env = dict(os.environ)
     env.update(
         VLLM_USE_PRECOMPILED="1",
