@@ -37,6 +37,7 @@ ONE_WORKER = {
     "test_image.py": "test_image.py",
     "test_image_arches.py": "test_image_arches.py",
     "test_image_lines.py": "test_image_lines.py",
+    "test_lock.py": "test_lock.py",
     "test_start_line.py": "test_start_line.py",
     "test_upstream_port.py": "test_upstream_port.py",
     "test_upstream_export.py": "test_upstream_export.py",
