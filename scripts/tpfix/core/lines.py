@@ -169,12 +169,18 @@ def tag_version(name: str) -> Version | None:
         return None
 
 
+def line_tags(lines: Path | None = None) -> list[str]:
+    """The tags of the release lines in `lines` (a patches/ folder; LINES, this
+    repository's, by default), by version: its folders named like a tag that
+    hold a VERSION (the others are not lines)."""
+    folder = LINES if lines is None else lines
+    found = [d.name for d in folder.glob("v*") if (d / "VERSION").exists() and tag_version(d.name)]
+    return sorted(found, key=tag_version)
+
+
 def line_names() -> list[str]:
-    """Every release line, the default first, then the others by version
-    (folders of patches/ that are not named like a tag or hold no VERSION are
-    not lines)."""
-    found = [d.name for d in LINES.glob("v*") if (d / "VERSION").exists() and tag_version(d.name)]
-    return [TAG, *sorted((n for n in found if n != TAG), key=tag_version)]
+    """Every release line, the default first, then the others by version."""
+    return [TAG, *(n for n in line_tags() if n != TAG)]
 
 
 def newest_line() -> str:
