@@ -261,7 +261,7 @@ def new_line(
         if fi is not None and "flashinfer-python" in repins:
             facts["flashinfer-repinned"] = repins["flashinfer-python"]
             fi = ("flashinfer-python", repins["flashinfer-python"])
-        for name, version in [*([fi] if fi else []), *repins.items()]:
+        for name, version in dict([*([fi] if fi else []), *repins.items()]).items():
             try:
                 fetch_test_dep(name, version)  # pinned already (pins/flashinfer.toml, a line)
             except Fail:
