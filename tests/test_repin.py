@@ -235,3 +235,18 @@ def test_api_problems_finds_what_the_release_lacks(tmp_path):
         "vllm/bad.py:7: flashinfer.norm has no layernorm (lazy import)",
     ]
     assert optional == ["vllm/guarded.py:2: no module flashinfer.moe"]
+
+
+def test_the_patch_header_lists_what_the_release_lacks(tmp_path):
+    problems = ["vllm/a.py:3: flashinfer.gemm.gemm_base has no _get_cache_buf"]
+    text = repin.repin_patch(
+        _tree(tmp_path), "v0.34.0", "flashinfer-python", "0.7.3", "0.7.4", problems
+    )
+    header = text.split("\n---\n")[0]
+    assert "- vllm/a.py:3: flashinfer.gemm.gemm_base has no _get_cache_buf\n" in header
+    assert "must port before" in header and "every flashinfer name" not in header
+    assert max(len(line) for line in header.splitlines()) <= 80
+    clean = repin.repin_patch(
+        _tree(tmp_path / "2"), "v0.34.0", "flashinfer-python", "0.7.3", "0.7.4", []
+    )
+    assert "every flashinfer name that vLLM v0.34.0 imports exists" in " ".join(clean.split())

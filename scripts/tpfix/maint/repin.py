@@ -25,6 +25,7 @@ import difflib
 import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,22 +172,49 @@ def repin_patch(tree: Path, tag: str, name: str, old: str, new: str, problems: l
             f"b/{path}",
             n=3,
         )
-    checked = "; ".join(problems) if problems else "none missing"
+    if problems:
+        checked = (
+            f"Checked, not assumed (tpfix.maint.repin.api_problems): what vLLM {tag} "
+            f"uses of {_family(name)} was read from the tree and looked up in {name} "
+            f"{new}.  It lacks these, which a patch of their own must port before "
+            "the line ships:"
+        )
+        checked = (
+            textwrap.fill(checked, 76)
+            + "\n"
+            + "".join(
+                textwrap.fill(p, 76, initial_indent="- ", subsequent_indent="  ") + "\n"
+                for p in problems
+            )
+        )
+    else:
+        checked = (
+            textwrap.fill(
+                f"Checked, not assumed (tpfix.maint.repin.api_problems): every "
+                f"{_family(name)} name that vLLM {tag} imports exists in {name} {new}, "
+                "and each call vLLM makes of such a function passes arguments its "
+                "signature accepts.",
+                76,
+            )
+            + "\n"
+        )
+    why = textwrap.fill(
+        f"vLLM {tag} pins {name}=={old} (requirements/cuda.txt and the wheel's "
+        "Requires-Dist), a release the package index does not serve, so upstream's "
+        f"own wheel does not install: pip stops with `No matching distribution found "
+        f"for {name}=={old}`.  This re-pins it to {new}, which the index serves, "
+        "together with the pins that must carry the same version.",
+        76,
+    )
     header = f"""\
 From: vLLM tpfix maintainers <maintainers@tpfix.invalid>
-Subject: [PATCH] [Deps] Re-pin {name} to {new}: {old} is not on the package
- index
+Subject: [PATCH] [Deps] Re-pin {name} to {new}: {old} is not on the
+ package index
 
-vLLM {tag} pins {name}=={old} (requirements/cuda.txt and the wheel's
-Requires-Dist), a release the package index does not serve, so upstream's
-own wheel does not install: pip stops with `No matching distribution found
-for {name}=={old}`.  This re-pins it to {new}, which the index serves,
-together with the pins that must carry the same version.
+{why}
 
-Checked, not assumed (tpfix.maint.repin.api_problems): every {_family(name)}
-name that vLLM {tag} imports exists in {name} {new}, and each call vLLM
-makes of such a function passes arguments its signature accepts
-(problems: {checked}).  The scenario replays run with {new}.
+{checked}
+The scenario replays run with {new}.
 
 Forwarded: not-needed (upstream pins {old}: a distribution re-pin until the
  index serves it, or upstream moves past it)

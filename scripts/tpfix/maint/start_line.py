@@ -219,9 +219,11 @@ def _repin_patch(tag: str, sdist: Path, name: str, new: str) -> tuple[str, str]:
         site = Path(tmp) / "site"
         with zipfile.ZipFile(wheel) as z:
             z.extractall(site)
-        packages = sorted(
-            {n.split("/")[0] for n in z.namelist() if "/" in n and ".dist-info/" not in n}
-        )
+        # the project's own import package (flashinfer for flashinfer-python;
+        # its wheel also carries other top-level folders vLLM takes elsewhere)
+        tops = {n.split("/")[0] for n in z.namelist() if "/" in n and ".dist-info/" not in n}
+        own = name.removesuffix("-python").replace("-", "_")
+        packages = [own] if own in tops else sorted(tops)
         problems: list[str] = []
         for package in packages:
             problems += repin.api_problems(tree, site, package)[0]
