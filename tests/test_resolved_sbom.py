@@ -87,6 +87,27 @@ def test_a_license_only_where_the_metadata_states_one():
     assert _licenses("Classifier: Programming Language :: Python") == ([], None)
 
 
+def test_a_license_text_whose_first_line_names_the_license():
+    """The METADATA of tiktoken and tokenspeed-mla: `License: MIT License`, then
+    the whole text, and no classifier; the first line names the license (an
+    SPDX id where it is one, or a classifier's name); a first line that names
+    none (a copyright line) still gives none."""
+    text = (
+        "License: MIT License\n        \n        Copyright (c) 2022 OpenAI, Shantanu Jain\n"
+        "        \n        Permission is hereby granted, free of charge, to any person"
+    )
+    found, source = resolved_sbom.licenses_of(_meta(text))
+    assert [(x.id, x.name) for x in found] == [("MIT", None)] and source == "License, first line"
+    bsd = "License: BSD 3-Clause License\n        \n        Copyright (c) 2024, Someone"
+    assert _licenses(bsd) == (["BSD 3-Clause License"], "License, first line")
+    assert _licenses("License: Apache-2.0\n        the text") == (
+        ["Apache-2.0"],
+        "License, first line",
+    )
+    copyright_only = "License: Copyright (c) 2020 Someone\n        Permission is hereby granted"
+    assert _licenses(copyright_only) == ([], None)
+
+
 def _locked(*names: str) -> dict:
     return {
         "name": "p",

@@ -18,7 +18,8 @@ SHA256SUMS (signed again with --sign-key, as tpfix.audit.advisories does):
   * every component: the exact version, purl pkg:pypi/<name>@<version>, the
     sha256 of the wheel uv locked for the target and that wheel's URL, and a
     license where the wheel's core metadata states one: License-Expression,
-    else a short one-line License (an SPDX id where it is one), else its
+    else a short one-line License (an SPDX id where it is one), else the
+    license the first line of a longer License names, else its
     `License ::` classifiers (SPDX ids where a classifier names exactly one
     license: CLASSIFIER_SPDX; names otherwise; tpfix:license-source says
     which); none where it states none.  The
@@ -214,6 +215,9 @@ def licenses_of(meta: Message) -> tuple[list, str | None]:
         return [
             LicenseFactory().make_from_string(text, license_acknowledgement=declared)
         ], "License"
+    named = _first_line_license(text.splitlines()[0].strip()) if "\n" in text else None
+    if named is not None:
+        return [named], "License, first line"
     names = [
         c.split("::")[-1].strip()
         for c in meta.get_all("Classifier") or []
@@ -228,6 +232,22 @@ def licenses_of(meta: Message) -> tuple[list, str | None]:
         ]
         return found, "classifier"
     return [], None
+
+
+def _first_line_license(line: str):
+    """The license the first line of a License text names (tiktoken's "MIT
+    License", then the text): an SPDX id, or a classifier's name
+    (CLASSIFIER_SPDX: its id), or else a short line ending in "License" (a
+    name: "BSD 3-Clause License", "GNU GENERAL PUBLIC LICENSE"); None for
+    any other line (a copyright line, say: nothing is guessed)."""
+    from cyclonedx import spdx
+
+    declared = LicenseAcknowledgement.DECLARED
+    if line in CLASSIFIER_SPDX or spdx.is_supported_id(line):
+        return DisjunctiveLicense(id=CLASSIFIER_SPDX.get(line, line), acknowledgement=declared)
+    if len(line) <= SHORT_LICENSE and line.lower().endswith("license"):
+        return DisjunctiveLicense(name=line, acknowledgement=declared)
+    return None
 
 
 # `License ::` classifiers that name exactly one SPDX license (their id);
