@@ -42,20 +42,32 @@ def test_a_step_is_one_line_on_stderr(capsys):
     assert (out, err) == ("", "==> fetch + verify pins\n")
 
 
-def test_staged_is_a_hidden_folder_in_dist_removed_however_the_block_ends(tmp_path: Path):
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    with pipeline.staged(dist) as staging:
-        assert staging.parent == dist and staging.is_dir()
-        assert staging.name.startswith(f".staging-{os.getpid()}-")
+def test_staged_is_a_folder_in_the_work_folder_removed_however_the_block_ends(tmp_path: Path):
+    """Staging happens outside dist/, in the work folder: a server publishing
+    dist/ never serves it; a killed build's is removed by the next."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with pipeline.staged(work) as staging:
+        assert staging.parent == work and staging.is_dir()
+        assert staging.name.startswith(f"staging-{os.getpid()}-")
         (staging / "vllm.whl").write_bytes(b"a wheel being made")
-        with pipeline.staged(dist) as second:
+        with pipeline.staged(work) as second:
             assert second != staging
-    assert list(dist.iterdir()) == []
-    with pytest.raises(RuntimeError, match="the build failed"), pipeline.staged(dist) as staging:
+    assert list(work.iterdir()) == []
+    with pytest.raises(RuntimeError, match="the build failed"), pipeline.staged(work) as staging:
         (staging / "half.whl").write_bytes(b"half")
         raise RuntimeError("the build failed")
-    assert list(dist.iterdir()) == []
+    assert list(work.iterdir()) == []
+    (work / "staging-4242-abc").mkdir()  # a killed build's
+    (work / "keep").mkdir()
+    pipeline._prepare_folders(work, tmp_path / "dist")
+    assert sorted(p.name for p in work.iterdir()) == ["keep"]
+
+
+def test_a_work_folder_inside_the_dist_folder_is_refused(tmp_path: Path):
+    dist = tmp_path / "dist"
+    with pytest.raises(Fail, match=r"work folder .* is inside dist folder .*: a server publishing"):
+        pipeline._prepare_folders(dist / "work", dist)
 
 
 def test_clear_staging_removes_old_indexes_and_legacy_staging_only(tmp_path: Path):
