@@ -278,3 +278,20 @@ def test_an_arch_the_line_does_not_pin_stops_before_any_work(build_args, monkeyp
     )
     with pytest.raises(Fail, match="no official wheel pinned for arch 'aarch64'"):
         build_args("--arch", "aarch64")
+
+
+@pytest.mark.parametrize("bad", [["--line", "v9.9.9"], ["--arch", "sparc"], ["--no-such"]])
+def test_a_bad_option_is_one_line_naming_build_sh(bad: list[str], monkeypatch, capsys):
+    """What the operator typed was ./build.sh: the error names it, in one line
+    (main_wrapper prints it as `error: ...`, exit 2), not pipeline.py's usage."""
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", *bad])
+    with pytest.raises(Fail) as e:
+        pipeline.main()
+    msg = str(e.value)
+    assert msg.startswith("./build.sh: ") and msg.endswith("; see ./build.sh --help"), msg
+    assert "\n" not in msg and "pipeline.py" not in msg
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", "--help"])
+    with pytest.raises(SystemExit):
+        pipeline.main()
+    assert capsys.readouterr().out.startswith("usage: ./build.sh ")

@@ -366,11 +366,16 @@ def check_revision(ctx: BuildContext) -> None:
         )
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the command, not a usage block
+        raise Fail(f"./build.sh: {message}; see ./build.sh --help")
+
+
 def main() -> None:
     # the optional image stage
     from tpfix.image.image import add_image_args, check_image_args, image_from_args
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(prog="./build.sh", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--arch",
         default=host_arch(),
