@@ -6,6 +6,9 @@
     python -m tpfix.audit.resolved_sbom --line v0.33.0    # dist/v0.33.0/
     python -m tpfix.audit.resolved_sbom [--arch aarch64] [--index-url URL] [--sign-key KEY]
 
+Without --arch, one for each arch's wheel dist/ lists (./build.sh --arch all:
+both), all of them written or none.
+
 The wheel's SBOM (<wheel>.cdx.json, tpfix.release.sbom) lists what the wheel declares:
 its Requires-Dist ranges.  A scanner wants what gets installed, so this step
 writes <wheel>.resolved.cdx.json beside it (CycloneDX 1.6) and adds it to
@@ -81,7 +84,7 @@ from tpfix.core.lines import Line, read_version
 from tpfix.core.util import Fail, main_wrapper
 from tpfix.core.wheelfile import parse_metadata, requirements, wheel_arch, wheel_message
 from tpfix.release import sbom
-from tpfix.stages.package import add_dist_step_args, add_to_dist, dist_step, find_wheel
+from tpfix.stages.package import add_dist_step_args, add_to_dist, dist_step, find_wheels
 
 SUFFIX = ".resolved.cdx.json"
 SHORT_LICENSE = 64  # a License field longer than this, or of several lines, is a text
@@ -461,15 +464,16 @@ def build(wheel: Path, digest: str, line: Line, index_url: str | None, workers: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dist_step_args(ap)
+    add_dist_step_args(ap, every_arch=True)
     args = ap.parse_args()
     with dist_step(args, "resolve another folder: --dist DIR") as (line, dist, signer):
-        wheel, digest = find_wheel(dist, args.arch)
-        text = build(wheel, digest, line, args.index_url)
-        doc = json.loads(text)
-        for path in add_to_dist(dist, {Path(f"{wheel.name}{SUFFIX}"): text}, signer=signer):
+        texts = {}
+        for wheel, digest in find_wheels(dist, args.arch):  # each arch's, all or none written
+            texts[Path(f"{wheel.name}{SUFFIX}")] = text = build(wheel, digest, line, args.index_url)
+            n = len(json.loads(text)["components"])
+            print(f"{wheel_arch(wheel)}: {n} resolved components", file=sys.stderr)
+        for path in add_to_dist(dist, texts, signer=signer):
             print(path)
-        print(f"{len(doc['components'])} resolved components", file=sys.stderr)
 
 
 if __name__ == "__main__":

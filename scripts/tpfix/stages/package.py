@@ -261,14 +261,16 @@ def wheel_entry(sums: Path, arch: str | None = None) -> tuple[str, str, str]:
     return mine[0]
 
 
-def add_dist_step_args(ap) -> None:
+def add_dist_step_args(ap, every_arch: bool = False) -> None:
     """The arguments of a step that adds files to a built dist folder
-    (tpfix.audit.advisories, tpfix.audit.resolved_sbom): --line, --dist, --arch,
-    --index-url and --sign-key; dist_step() reads them."""
+    (tpfix.audit.advisories, tpfix.audit.resolved_sbom): --line, --dist, --arch
+    (`every_arch`: by default each wheel dist/ lists, find_wheels), --index-url
+    and --sign-key; dist_step() reads them."""
     ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    default = "each one it lists" if every_arch else "its only one"
     ap.add_argument(
-        "--arch", choices=wheel_arches(), help="the wheel of dist/ (default: its only one)"
+        "--arch", choices=wheel_arches(), help=f"the wheel of dist/ (default: {default})"
     )
     ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
     add_sign_arg(ap)
@@ -300,6 +302,15 @@ def find_wheel(dist: Path, arch: str | None = None) -> tuple[Path, str]:
     if not (dist / name).exists():
         raise Fail(f"{dist / name} (listed in {sums}) is missing: rerun ./build.sh")
     return dist / name, digest
+
+
+def find_wheels(dist: Path, arch: str | None = None) -> list[tuple[Path, str]]:
+    """find_wheel for `arch`, or (None) for each arch of a wheel SHA256SUMS lists."""
+    sums = dist / SUMS
+    if arch is not None or not sums.exists():
+        return [find_wheel(dist, arch)]
+    arches = sorted({wheel_arch(Path(e[0])) for e in read_sums(sums) if _WHEEL_NAME.match(e[0])})
+    return [find_wheel(dist, a) for a in arches] or [find_wheel(dist)]
 
 
 def listed(dist: Path) -> list[Path]:
