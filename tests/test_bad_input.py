@@ -231,15 +231,15 @@ def test_interrupted_build_leaves_dist_untouched(repo: Path, tmp_path: Path):
     for line in proc.stderr:
         seen.append(line)
         if line.startswith("==> build:"):
-            time.sleep(8)  # setup.py is now copying files into the staging area
+            time.sleep(8)  # setup.py is now copying files into the staging folder
             os.killpg(proc.pid, signal.SIGTERM)
             break
     rc = proc.wait(timeout=120)
     rest = proc.stderr.read()
     assert rc != 0, "".join(seen) + rest
-    assert {p.name: p.read_bytes() for p in dist.iterdir()} == before
-    assert not list(dist.glob(".staging-*"))
+    assert {p.name: p.read_bytes() for p in dist.iterdir()} == before  # nothing staged there
     assert not list((tmp_path / "work").glob("tree.*"))
+    assert not list((tmp_path / "work").glob("staging-*"))
 
 
 # A first build holding its folders, through the pipeline's own lock (build_locks):
@@ -252,7 +252,7 @@ work, dist = Path(sys.argv[1]), Path(sys.argv[2])
 with build_locks(work, dist):
     (work / "tree.first" / "vllm").mkdir(parents=True)
     (work / "tree.first" / "vllm" / "setup.py").write_text("the first build's tree")
-    (dist / ".staging-first").mkdir(parents=True)
+    (work / "staging-first").mkdir(parents=True)
     print("locked", flush=True)
     time.sleep(300)
 """
@@ -297,7 +297,7 @@ def test_second_build_in_the_same_folders_stops_naming_the_first(repo: Path, tmp
         # The first build's tree and staging folder are untouched.
         tree = work / "tree.first" / "vllm" / "setup.py"
         assert tree.read_text() == "the first build's tree"
-        assert (dist / ".staging-first").is_dir()
+        assert (work / "staging-first").is_dir()
         assert first.poll() is None
     finally:
         first.kill()
@@ -324,5 +324,5 @@ def test_lock_of_a_killed_build_does_not_block(repo: Path, tmp_path: Path):
     assert f"{SDIST}: vllm=={PUB} is not available" in proc.stderr
     # What the killed build left is gone, removed under the lock; nothing else is left.
     assert not list(work.glob("tree.*"))
-    assert not list(dist.glob(".staging-*"))
+    assert not list(work.glob("staging-*"))
     assert (work / ".lock").read_text() == ""

@@ -267,3 +267,65 @@ def _sha256(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _both_verifiers(dist: Path, pub: Path) -> dict[str, tuple[int, str]]:
+    """(exit status, output) of verify.py --dist and attest verify-dist."""
+    tools = {
+        "verify.py": [sys.executable, "-I", str(dist / "verify.py"), "--dist", str(dist)],
+        "attest": [sys.executable, "-m", "tpfix.release.attest", "verify-dist", str(dist)],
+    }
+    out = {}
+    for name, cmd in tools.items():
+        proc = subprocess.run([*cmd, "--key", str(pub)], capture_output=True, text=True)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        out[name] = (proc.returncode, proc.stdout + proc.stderr)
+    return out
+
+
+@pytest.mark.slow  # package stages and verifier subprocesses (a few seconds)
+def test_a_file_sha256sums_does_not_list_is_refused_by_both_verifiers(tmp_path: Path):
+    """The release engineer's probe: a fake torch wheel and its index page
+    added to a signed dist (uv, asking our index first, took it), a hidden
+    folder (a killed build's staging), a symbolic link (unlisted, and in a
+    listed file's place): each alone makes both verifiers exit 2 naming it,
+    with one `error:` line; the folder as built, and with another line's
+    signed dist/<tag>/ inside it, passes."""
+    priv, pub = keypair(tmp_path)
+    dist, wheel, _, _ = publish_small(tmp_path, key=priv)
+    assert {k: v[0] for k, v in _both_verifiers(dist, pub).items()} == {"verify.py": 0, "attest": 0}
+    fake = "torch-2.13.0-py3-none-any.whl"
+    plants = {  # what is planted (in a copy of the folder each): (where, what the error names)
+        "an unlisted wheel": (fake, fake),
+        "an index page": ("simple/torch/index.html", "simple/torch/"),
+        "a hidden folder": (".staging-4242-abc/vllm.whl", ".staging-4242-abc/"),
+        "a symbolic link": ("simple/vllm/latest.whl", "simple/vllm/latest.whl"),
+    }
+    for n, (what, (rel, named)) in enumerate(plants.items()):
+        trial = shutil.copytree(dist, tmp_path / f"trial{n}", symlinks=True)
+        path = trial / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if what == "a symbolic link":
+            path.symlink_to(wheel)
+        else:
+            path.write_text(f'<a href="../../{fake}">{fake}</a>')
+        for tool, (code, text) in _both_verifiers(trial, pub).items():
+            assert code == 2, (what, tool, text)
+            assert text.startswith("error: ") and len(text.splitlines()) == 1, (what, tool, text)
+            assert f"{trial}/{named}: not listed in {trial / 'SHA256SUMS'}" in text, (what, text)
+    # a listed file replaced by a link to the same bytes: refused too (it may
+    # point anywhere, and change with what it points to)
+    moved = tmp_path / "elsewhere.whl"
+    shutil.move(wheel, moved)
+    wheel.symlink_to(moved)
+    for tool, (code, text) in _both_verifiers(dist, pub).items():
+        assert code == 2 and f"{wheel}: not listed in" in text, (tool, text)
+    wheel.unlink()
+    shutil.move(moved, wheel)
+    # another line's dist/<tag>/ inside: checked as a dist of its own, same key
+    inner, _, _, _ = publish_small(tmp_path / "inner", key=priv)
+    shutil.move(inner, dist / "v0.33.0")
+    assert {k: v[0] for k, v in _both_verifiers(dist, pub).items()} == {"verify.py": 0, "attest": 0}
+    (dist / "v0.33.0" / "simple" / "torch").mkdir()
+    for tool, (code, text) in _both_verifiers(dist, pub).items():
+        assert code == 2 and f"{dist / 'v0.33.0' / 'simple' / 'torch'}/: not listed" in text, text

@@ -341,3 +341,52 @@ def test_documented_install_commands_never_pick_upstream(tmp_path):
             assert install() == f"{public}+tpfix.5", command
             ours.pop().unlink()
             write_index(dist, ours)
+
+
+@pytest.mark.slow  # two servers, uv, fresh venvs
+def test_the_readme_uv_pin_takes_only_vllm_from_our_index(tmp_path):
+    """An unverified folder holding a planted dependency (a newer `dep-x`
+    beside our wheel, as the release engineer planted torch): the README's
+    plain uv command takes it, since uv asks our index first; the README's
+    pinned form (its pyproject.toml and command, as written) takes vllm from
+    ours and the dependency from DEPS."""
+    import tomllib
+    import venv
+
+    public = get_line().tag[1:]
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("<!-- uv-pinned-index:begin -->")[1].split("<!-- uv-pinned-index:end -->")[0]
+    toml_text = block.split("```toml")[1].split("```")[0]
+    (command,) = [ln for ln in block.split("```sh")[1].split("```")[0].splitlines() if ln]
+    _, plain = readme_install_commands()
+    dist, deps = tmp_path / "dist", tmp_path / "deps"
+    ours = make_wheel(dist, f"{public}+tpfix.4", requires=("dep-x",))
+    write_index(dist, [ours, make_wheel(dist, "9.0", "dep_x", ())])  # the planted one
+    write_index(deps, [make_wheel(deps, "1.0", "dep_x", ()), make_wheel(deps, public, requires=())])
+    uv = Path(sys.executable).parent / "uv"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    clean.update(UV_NO_CONFIG="1", UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+    with Served(dist) as index, Served(deps) as dep_index:
+        pinned = toml_text.replace("http://HOST:8000/simple", f"{index.url}/simple")
+        assert tomllib.loads(pinned)["tool"]["uv"]["sources"] == {"vllm": {"index": "tpfix"}}
+        (tmp_path / "pyproject.toml").write_text(pinned)
+        got = {}
+        for what, cmd in {"plain": plain[1], "pinned": command}.items():
+            env_dir = tmp_path / f"venv-{what}"
+            venv.create(env_dir)
+            env = dict(clean, VIRTUAL_ENV=str(env_dir), DEPS=f"{dep_index.url}/simple")
+            env["INDEX"] = f"{index.url}/simple"
+            for k in ("INDEX", "DEPS"):
+                cmd = cmd.replace(f"${k}", env[k])
+            argv = [str(uv), *shlex.split(cmd)[1:]]
+            proc = subprocess.run(argv, env=env, cwd=tmp_path, text=True, capture_output=True)
+            assert proc.returncode == 0, (argv, proc.stderr)
+            listed = subprocess.run(
+                [str(uv), "pip", "list", "--format", "json"],
+                env=env,
+                text=True,
+                capture_output=True,
+            )
+            got[what] = {p["name"]: p["version"] for p in json.loads(listed.stdout)}
+    assert got["plain"] == {"vllm": f"{public}+tpfix.4", "dep-x": "9.0"}  # the planted one
+    assert got["pinned"] == {"vllm": f"{public}+tpfix.4", "dep-x": "1.0"}

@@ -56,9 +56,11 @@ def _published(dist: Path) -> list[str]:
 
 
 def _stage_and_publish(dist: Path, inputs: Path) -> Path:
-    """The pipeline's staging and publish steps, on a tiny wheel."""
+    """The pipeline's staging (in a work folder beside `inputs`) and publish
+    steps, on a tiny wheel."""
     pipeline.writable_folder(dist, "dist folder", "give another")
-    with pipeline.staged(dist) as staging:
+    pipeline.writable_folder(inputs / "work", "work folder", "give another")
+    with pipeline.staged(inputs / "work") as staging:
         wheel = make_wheel(staging, "0.27.1+tpfix.3")
         sd, off = inputs / "sdist.tar.gz", inputs / "official.whl"
         extras = package.describe(
@@ -71,7 +73,8 @@ def _stage_and_publish(dist: Path, inputs: Path) -> Path:
 @pytest.mark.parametrize("kind", ["tmpfs", "bind"])
 def test_publish_into_a_mount_point(tmp_path: Path, kind: str):
     """dist/ is a mount point (a container volume, NFS, another disk):
-    rename from beside it would fail with EXDEV; staging inside it does not."""
+    a rename from the work folder's staging fails with EXDEV, so each file is
+    copied beside its place and renamed there; nothing else is left."""
     for name in ("sdist.tar.gz", "official.whl"):
         (tmp_path / name).write_bytes(b"stand-in")
     dist = tmp_path / "dist"
@@ -100,7 +103,7 @@ def test_publish_into_a_mount_point(tmp_path: Path, kind: str):
             assert (tmp_path / "elsewhere" / wheel.name).exists()
 
 
-def test_a_killed_builds_staging_is_removed_by_the_next(tmp_path: Path):
+def test_an_older_builds_staging_in_dist_is_removed_by_the_next(tmp_path: Path):
     dist = tmp_path / "dist"
     (dist / ".staging-4242-abc").mkdir(parents=True)
     (dist / ".staging-4242-abc" / "part.whl").write_bytes(b"half")
@@ -300,7 +303,7 @@ def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: P
         with (
             pytest.raises(Fail) as e,
             pipeline.space_errors(work, dist),
-            pipeline.staged(dist) as staging,
+            pipeline.staged(work) as staging,
         ):
             wheel = make_wheel(staging, "0.27.1+tpfix.3")
             sd, off = tmp_path / "sdist.tar.gz", tmp_path / "official.whl"
@@ -314,18 +317,15 @@ def test_a_full_disk_mid_publish_is_one_error_naming_the_file_system(tmp_path: P
         assert msg.startswith("no space left on device")
         assert f"dist folder {dist}: a build needs" in msg and f"file system at {dist}" in msg
         assert f"work folder {work}: a build needs" in msg
-        assert not list(dist.glob(".staging-*"))
+        assert not list(dist.glob(".*"))  # no partial copy left
 
 
-def test_a_full_dist_during_setup_py_names_the_dist_file_system(tmp_path: Path, monkeypatch):
-    """setup.py (a stand-in: it fills the output folder, inside dist's staging,
-    and says only "No space left on device", as setuptools may) on a full
-    dist file system: the error names a file on dist's file system, not the
-    work tree, while the tree's file system has room."""
+def test_a_full_work_file_system_during_setup_py_names_the_staged_file(tmp_path: Path, monkeypatch):
+    """setup.py (a stand-in: it fills its output folder, the staging folder in
+    the work folder, and says only "No space left on device", as setuptools
+    may) on a full work file system: the error names a file there and the
+    work folder's need; dist/ (elsewhere, with room) is untouched."""
     from tpfix.stages import build
-
-    tree, work = tmp_path / "work" / "tree.x", tmp_path / "work"
-    tree.mkdir(parents=True)
 
     def setup_py(cmd, **kwargs):
         # cmd: python -c _SETUP plat OUT cuda; unbuffered: nothing left to flush
@@ -336,19 +336,24 @@ def test_a_full_dist_during_setup_py_names_the_dist_file_system(tmp_path: Path, 
         return subprocess.CompletedProcess(cmd, 1, "", "error: [Errno 28] No space left on device")
 
     monkeypatch.setattr(build, "run", setup_py)
-    with _tmpfs(tmp_path / "dist", "4m") as dist:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    with _tmpfs(tmp_path / "work", "4m") as work:
+        tree = work / "tree.x"
+        tree.mkdir()
         with (
             pytest.raises(Fail) as e,
             pipeline.space_errors(work, dist),
-            pipeline.staged(dist) as staging,
+            pipeline.staged(work) as staging,
         ):
             official = tmp_path / "vllm-0.27.1-cp38-abi3-manylinux_2_28_x86_64.whl"
             build.build_wheel(
-                tree, "0.27.1+tpfix.3", official, "x86_64", staging, 1, work / "log", "12.9"
+                tree, "0.27.1+tpfix.3", official, "x86_64", staging, 1, tmp_path / "log", "12.9"
             )
         msg = str(e.value)
-        assert msg.startswith(f"no space left on device writing {dist}/"), msg
-        assert str(tree) not in msg
+        assert msg.startswith(f"no space left on device writing {work}/"), msg
+        assert f"work folder {work}: a build needs" in msg, msg
+    assert list(dist.iterdir()) == []
 
 
 @pytest.mark.slow  # downloads (the pinned sdist and wheel), patches and starts setup.py

@@ -42,20 +42,32 @@ def test_a_step_is_one_line_on_stderr(capsys):
     assert (out, err) == ("", "==> fetch + verify pins\n")
 
 
-def test_staged_is_a_hidden_folder_in_dist_removed_however_the_block_ends(tmp_path: Path):
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    with pipeline.staged(dist) as staging:
-        assert staging.parent == dist and staging.is_dir()
-        assert staging.name.startswith(f".staging-{os.getpid()}-")
+def test_staged_is_a_folder_in_the_work_folder_removed_however_the_block_ends(tmp_path: Path):
+    """Staging happens outside dist/, in the work folder: a server publishing
+    dist/ never serves it; a killed build's is removed by the next."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with pipeline.staged(work) as staging:
+        assert staging.parent == work and staging.is_dir()
+        assert staging.name.startswith(f"staging-{os.getpid()}-")
         (staging / "vllm.whl").write_bytes(b"a wheel being made")
-        with pipeline.staged(dist) as second:
+        with pipeline.staged(work) as second:
             assert second != staging
-    assert list(dist.iterdir()) == []
-    with pytest.raises(RuntimeError, match="the build failed"), pipeline.staged(dist) as staging:
+    assert list(work.iterdir()) == []
+    with pytest.raises(RuntimeError, match="the build failed"), pipeline.staged(work) as staging:
         (staging / "half.whl").write_bytes(b"half")
         raise RuntimeError("the build failed")
-    assert list(dist.iterdir()) == []
+    assert list(work.iterdir()) == []
+    (work / "staging-4242-abc").mkdir()  # a killed build's
+    (work / "keep").mkdir()
+    pipeline._prepare_folders(work, tmp_path / "dist")
+    assert sorted(p.name for p in work.iterdir()) == ["keep"]
+
+
+def test_a_work_folder_inside_the_dist_folder_is_refused(tmp_path: Path):
+    dist = tmp_path / "dist"
+    with pytest.raises(Fail, match=r"work folder .* is inside dist folder .*: a server publishing"):
+        pipeline._prepare_folders(dist / "work", dist)
 
 
 def test_clear_staging_removes_old_indexes_and_legacy_staging_only(tmp_path: Path):
@@ -266,3 +278,20 @@ def test_an_arch_the_line_does_not_pin_stops_before_any_work(build_args, monkeyp
     )
     with pytest.raises(Fail, match="no official wheel pinned for arch 'aarch64'"):
         build_args("--arch", "aarch64")
+
+
+@pytest.mark.parametrize("bad", [["--line", "v9.9.9"], ["--arch", "sparc"], ["--no-such"]])
+def test_a_bad_option_is_one_line_naming_build_sh(bad: list[str], monkeypatch, capsys):
+    """What the operator typed was ./build.sh: the error names it, in one line
+    (main_wrapper prints it as `error: ...`, exit 2), not pipeline.py's usage."""
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", *bad])
+    with pytest.raises(Fail) as e:
+        pipeline.main()
+    msg = str(e.value)
+    assert msg.startswith("./build.sh: ") and msg.endswith("; see ./build.sh --help"), msg
+    assert "\n" not in msg and "pipeline.py" not in msg
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", "--help"])
+    with pytest.raises(SystemExit):
+        pipeline.main()
+    assert capsys.readouterr().out.startswith("usage: ./build.sh ")

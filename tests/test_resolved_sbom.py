@@ -87,6 +87,27 @@ def test_a_license_only_where_the_metadata_states_one():
     assert _licenses("Classifier: Programming Language :: Python") == ([], None)
 
 
+def test_a_license_text_whose_first_line_names_the_license():
+    """The METADATA of tiktoken and tokenspeed-mla: `License: MIT License`, then
+    the whole text, and no classifier; the first line names the license (an
+    SPDX id where it is one, or a classifier's name); a first line that names
+    none (a copyright line) still gives none."""
+    text = (
+        "License: MIT License\n        \n        Copyright (c) 2022 OpenAI, Shantanu Jain\n"
+        "        \n        Permission is hereby granted, free of charge, to any person"
+    )
+    found, source = resolved_sbom.licenses_of(_meta(text))
+    assert [(x.id, x.name) for x in found] == [("MIT", None)] and source == "License, first line"
+    bsd = "License: BSD 3-Clause License\n        \n        Copyright (c) 2024, Someone"
+    assert _licenses(bsd) == (["BSD 3-Clause License"], "License, first line")
+    assert _licenses("License: Apache-2.0\n        the text") == (
+        ["Apache-2.0"],
+        "License, first line",
+    )
+    copyright_only = "License: Copyright (c) 2020 Someone\n        Permission is hereby granted"
+    assert _licenses(copyright_only) == ([], None)
+
+
 def _locked(*names: str) -> dict:
     return {
         "name": "p",
@@ -336,3 +357,50 @@ def test_metadata_the_index_lacks_or_of_another_release_is_refused(index):
         resolved_sbom.fetch_metadata(f"{files}/dep_a-1.0-py3-none-any.whl", "dep-a", "1.0")
     with pytest.raises(Fail, match=r"dep_x-1.0-py3-none-any.whl \(File not found\)"):
         resolved_sbom.fetch_metadata(f"{files}/dep_x-1.0-py3-none-any.whl", "dep-x", "1.0")
+
+
+def _readme_block(name: str) -> list[list[str]]:
+    """The commands of the README's `name` block, as written (comments dropped)."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split(f"<!-- {name}:begin -->")[1].split(f"<!-- {name}:end -->")[0]
+    code = block.split("```sh")[1].split("```")[0]
+    return [shlex.split(ln, comments=True) for ln in code.splitlines() if ln.strip()]
+
+
+@pytest.mark.slow  # subprocesses, servers or the pinned sdist: not while editing a patch
+def test_the_readme_key_and_resolved_sbom_commands_work_on_a_two_arch_signed_dist(
+    tmp_path: Path, index
+):
+    """The README's steps as a new operator runs them: its openssl commands make
+    the key pair; ./build.sh --arch all --sign-key (the package stage of each
+    arch, signed with that key); then its resolved_sbom line as written (here
+    with the folder and the served index added): a resolved SBOM for each
+    arch, the folder signed again, and verify.py --dist with the public key
+    passes."""
+    import shutil
+
+    from tpfix.release import dist_verify
+
+    url, *_ = index
+    for argv in _readme_block("signing-key"):
+        assert argv[0] == "openssl", argv
+        subprocess.run(argv, cwd=tmp_path, check=True, capture_output=True)
+    key, pub = tmp_path / "operator.pem", tmp_path / "operator.pub.pem"
+    publish_small(tmp_path, key=key, arch="x86_64", requires=REQUIRES)
+    shutil.rmtree(tmp_path / "staging")
+    dist, _, _, _ = publish_small(tmp_path, key=key, arch="aarch64", requires=REQUIRES)
+    (argv,) = _readme_block("resolved-sbom")
+    assert argv[:3] == ["build/venv/bin/python", "-m", "tpfix.audit.resolved_sbom"], argv
+    argv = [sys.executable, *argv[1:], "--dist", str(dist), "--index-url", url]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    made = sorted(n for n in sums(dist) if n.endswith(".resolved.cdx.json"))
+    assert [n.split("manylinux_2_28_")[1] for n in made] == [
+        "aarch64.whl.resolved.cdx.json",
+        "x86_64.whl.resolved.cdx.json",
+    ]
+    assert "x86_64: 5 resolved components" in proc.stderr, proc.stderr
+    assert len(dist_verify.verify_dist(str(dist), str(pub))) == len(sums(dist))
+    check_sums(dist)

@@ -11,11 +11,13 @@
     ./build.sh --image [...]        # then the container image (scripts/tpfix/image/image.py)
     ./build.sh --arch all --image   # an image per arch and a manifest list over them
 
-Work happens under build/ (a fresh patched tree per run, logs) and in a
-hidden staging folder inside dist/ (`dist/.staging-<pid>-*`): on dist's own
-file system, so that publishing is a rename there, whatever dist is (a mount
-point, NFS, a container volume).  dist/ only ever receives a verified wheel;
-when the build ends, dist/ holds the published files only.
+Work happens under the work folder (build/work: a fresh patched tree per
+run, logs, and the staging folder `staging-<pid>-*`), never in dist/, so a
+server publishing dist/ never serves a half-made or a killed build's file;
+publishing is a rename from there, or a copy and a rename where dist is on
+another file system (a mount point, NFS, a container volume).  dist/ only
+ever receives a verified wheel, and only files a build of this project
+listed in its SHA256SUMS are ever removed from it.
 
 Before any download the build checks that it can write its work and dist
 folders and that their file systems have the room a build needs
@@ -29,7 +31,7 @@ may be read-only, and a flock on the folder itself for builds of other
 checkouts) from start to end, image stage included.  A second build on
 either stops at once, naming the first (pid, start time, command line); it
 does not wait (why: tpfix/core/worklock.py).  What a killed run left behind
-(`<workdir>/tree.*`, `dist/.staging-*`) is removed only while holding both.
+(`<workdir>/tree.*`, `<workdir>/staging-*`) is removed only while holding both.
 The commands a build runs (setup.py, pip, quilt, ...) die with it, `kill -9`
 included (util.child_options).
 """
@@ -77,9 +79,11 @@ def _step(msg: str) -> None:
 #     and setup.py's build/ with the official binaries, 1.4 GB), dist 0.31 GB
 #     (the wheel 313 MB; SBOM, provenance, index ~0.1 MB), staging included;
 #   v0.33.0 x86_64: work folder peak 2.61 GB, dist 0.34 GB.
-# Needed free: the larger peak plus about 15% (a build's files grow with the
-# release); dist needs the new wheel's room while the old one is still there.
-WORK_SPACE = 3 * 10**9
+# The staging folder has since moved into the work folder: its peak is the
+# sum, 2.95 GB.  Needed free: the larger peak plus about 15% (a build's files
+# grow with the release); dist needs the new wheel's room while the old one
+# is still there (a copy, where dist is another file system).
+WORK_SPACE = 34 * 10**8
 DIST_SPACE = 5 * 10**8
 SPACE_CHECK_ENV = "TPFIX_SPACE_CHECK"  # 0: build without checking free space first
 
@@ -202,10 +206,11 @@ def writable_folder(folder: Path, what: str, fix: str) -> None:
 
 
 @contextlib.contextmanager
-def staged(dist: Path):
-    """A fresh staging folder inside `dist` (on its file system: publish
-    renames from it), removed when the block ends, however it ends."""
-    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=dist))
+def staged(workdir: Path):
+    """A fresh staging folder in the work folder, outside dist/ (publish moves
+    from it), removed when the block ends, however it ends; a killed
+    build's by the next (_prepare_folders)."""
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=workdir))
     try:
         yield staging
     finally:
@@ -248,8 +253,13 @@ def _prepare_folders(workdir: Path, dist: Path) -> Path:
     dist = dist.resolve()
     writable_folder(workdir, "work folder", "give another: ./build.sh --workdir DIR")
     writable_folder(dist, "dist folder", "give another: ./build.sh --dist DIR")
+    if dist == workdir.resolve() or dist in workdir.resolve().parents:
+        raise Fail(
+            f"work folder {workdir} is inside dist folder {dist}: a server publishing "
+            "it would serve the build's tree; give another: ./build.sh --workdir DIR"
+        )
     # Left by a killed run: no live build can own them, as we hold both locks.
-    for stale in workdir.glob("tree.*"):
+    for stale in [*workdir.glob("tree.*"), *workdir.glob(STAGING + "*")]:
         shutil.rmtree(stale, ignore_errors=True)
     clear_staging(dist)
     return dist
@@ -262,7 +272,7 @@ def _run_locked(
     and ran _prepare_folders.  Returns the published wheel with the facts of
     its build (for the image stage)."""
     check_space(workdir, dist)
-    with space_errors(workdir, dist), staged(dist) as staging:
+    with space_errors(workdir, dist), staged(workdir) as staging:
         return _build(ctx, arch, dist, workdir, signer, staging, cached)
 
 
@@ -356,11 +366,16 @@ def check_revision(ctx: BuildContext) -> None:
         )
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the command, not a usage block
+        raise Fail(f"./build.sh: {message}; see ./build.sh --help")
+
+
 def main() -> None:
     # the optional image stage
     from tpfix.image.image import add_image_args, check_image_args, image_from_args
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(prog="./build.sh", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--arch",
         default=host_arch(),

@@ -6,6 +6,9 @@
     python -m tpfix.audit.resolved_sbom --line v0.33.0    # dist/v0.33.0/
     python -m tpfix.audit.resolved_sbom [--arch aarch64] [--index-url URL] [--sign-key KEY]
 
+Without --arch, one for each arch's wheel dist/ lists (./build.sh --arch all:
+both), all of them written or none.
+
 The wheel's SBOM (<wheel>.cdx.json, tpfix.release.sbom) lists what the wheel declares:
 its Requires-Dist ranges.  A scanner wants what gets installed, so this step
 writes <wheel>.resolved.cdx.json beside it (CycloneDX 1.6) and adds it to
@@ -18,7 +21,8 @@ SHA256SUMS (signed again with --sign-key, as tpfix.audit.advisories does):
   * every component: the exact version, purl pkg:pypi/<name>@<version>, the
     sha256 of the wheel uv locked for the target and that wheel's URL, and a
     license where the wheel's core metadata states one: License-Expression,
-    else a short one-line License (an SPDX id where it is one), else its
+    else a short one-line License (an SPDX id where it is one), else the
+    license the first line of a longer License names, else its
     `License ::` classifiers (SPDX ids where a classifier names exactly one
     license: CLASSIFIER_SPDX; names otherwise; tpfix:license-source says
     which); none where it states none.  The
@@ -80,7 +84,7 @@ from tpfix.core.lines import Line, read_version
 from tpfix.core.util import Fail, main_wrapper
 from tpfix.core.wheelfile import parse_metadata, requirements, wheel_arch, wheel_message
 from tpfix.release import sbom
-from tpfix.stages.package import add_dist_step_args, add_to_dist, dist_step, find_wheel
+from tpfix.stages.package import add_dist_step_args, add_to_dist, dist_step, find_wheels
 
 SUFFIX = ".resolved.cdx.json"
 SHORT_LICENSE = 64  # a License field longer than this, or of several lines, is a text
@@ -214,6 +218,9 @@ def licenses_of(meta: Message) -> tuple[list, str | None]:
         return [
             LicenseFactory().make_from_string(text, license_acknowledgement=declared)
         ], "License"
+    named = _first_line_license(text.splitlines()[0].strip()) if "\n" in text else None
+    if named is not None:
+        return [named], "License, first line"
     names = [
         c.split("::")[-1].strip()
         for c in meta.get_all("Classifier") or []
@@ -228,6 +235,22 @@ def licenses_of(meta: Message) -> tuple[list, str | None]:
         ]
         return found, "classifier"
     return [], None
+
+
+def _first_line_license(line: str):
+    """The license the first line of a License text names (tiktoken's "MIT
+    License", then the text): an SPDX id, or a classifier's name
+    (CLASSIFIER_SPDX: its id), or else a short line ending in "License" (a
+    name: "BSD 3-Clause License", "GNU GENERAL PUBLIC LICENSE"); None for
+    any other line (a copyright line, say: nothing is guessed)."""
+    from cyclonedx import spdx
+
+    declared = LicenseAcknowledgement.DECLARED
+    if line in CLASSIFIER_SPDX or spdx.is_supported_id(line):
+        return DisjunctiveLicense(id=CLASSIFIER_SPDX.get(line, line), acknowledgement=declared)
+    if len(line) <= SHORT_LICENSE and line.lower().endswith("license"):
+        return DisjunctiveLicense(name=line, acknowledgement=declared)
+    return None
 
 
 # `License ::` classifiers that name exactly one SPDX license (their id);
@@ -441,15 +464,16 @@ def build(wheel: Path, digest: str, line: Line, index_url: str | None, workers: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_dist_step_args(ap)
+    add_dist_step_args(ap, every_arch=True)
     args = ap.parse_args()
     with dist_step(args, "resolve another folder: --dist DIR") as (line, dist, signer):
-        wheel, digest = find_wheel(dist, args.arch)
-        text = build(wheel, digest, line, args.index_url)
-        doc = json.loads(text)
-        for path in add_to_dist(dist, {Path(f"{wheel.name}{SUFFIX}"): text}, signer=signer):
+        texts = {}
+        for wheel, digest in find_wheels(dist, args.arch):  # each arch's, all or none written
+            texts[Path(f"{wheel.name}{SUFFIX}")] = text = build(wheel, digest, line, args.index_url)
+            n = len(json.loads(text)["components"])
+            print(f"{wheel_arch(wheel)}: {n} resolved components", file=sys.stderr)
+        for path in add_to_dist(dist, texts, signer=signer):
             print(path)
-        print(f"{len(doc['components'])} resolved components", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ statement with a SLSA v1 provenance; PUBLIC.pem the signer's public key
 verifies with the key AND FILE's sha256 is a subject of the statement.  With
 --dist: DIR/SHA256SUMS.intoto.jsonl (an in-toto release statement) verifies
 with the key, its subjects are DIR/SHA256SUMS and exactly the files it lists,
-at the digests it lists, and every one of those files has that sha256; any
-other outcome exits 2 with one `error:` line, as tpfix.release.attest verify does.
+at the digests it lists, every one of those files has that sha256, and DIR
+holds nothing else: no file, folder or link SHA256SUMS does not list (its
+signature aside), hidden ones included, as a web server publishing DIR would
+serve it (a sub-folder with its own SHA256SUMS, another line's dist/<tag>/,
+is checked the same way with the same key); any other outcome exits 2
+with one `error:` line, as tpfix.release.attest verify does.
 A signature's `keyid` is an unauthenticated hint (DSSE): every signature is
 checked with the key, whatever keyid it names.  Requires Python 3.8+ and
 `pip install cryptography`; nothing of the vllm-tpfix repository.
@@ -139,9 +143,46 @@ def verify(envelope, public_key, artifact):
     return stmt
 
 
+def unlisted(folder, names):
+    """(what `folder` holds that the SHA256SUMS entries `names` do not list, the
+    nested dist folders in it), each relative to `folder`, sorted.  Unlisted:
+    every file, folder and symbolic link (even one by a listed name) but
+    SHA256SUMS and its signature; nested: a sub-folder that leads to no listed
+    file and holds its own SHA256SUMS (another line's dist/<tag>/)."""
+    names = set(names)
+    parents = {os.path.dirname(n) for n in names}
+    parents |= {p for n in parents for p in _ancestors(n)}
+    extra, nested = [], []
+    for root, dirs, files in os.walk(folder):
+        at = os.path.relpath(root, folder)
+        at = "" if at == "." else at
+        for d in sorted(dirs):
+            rel, path = os.path.join(at, d), os.path.join(root, d)
+            if os.path.islink(path) or rel not in parents:
+                dirs.remove(d)
+                if not os.path.islink(path) and os.path.isfile(os.path.join(path, SUMS)):
+                    nested.append(rel)
+                else:
+                    extra.append(rel + ("" if os.path.islink(path) else "/"))
+        for f in files:
+            rel = os.path.join(at, f)
+            if os.path.islink(os.path.join(root, f)) or (
+                rel not in names and rel not in (SUMS, SUMS_ENVELOPE)
+            ):
+                extra.append(rel)
+    return sorted(extra), sorted(nested)
+
+
+def _ancestors(rel):
+    while rel:
+        rel = os.path.dirname(rel)
+        yield rel
+
+
 def verify_dist(folder, public_key):
     """The files of a dist folder that its signed SHA256SUMS covers, once every
-    one is checked (see the module's doc); Refused otherwise."""
+    one is checked and the folder holds nothing else (see the module's doc);
+    Refused otherwise."""
     envelope = os.path.join(folder, SUMS_ENVELOPE)
     if not os.path.isfile(envelope):
         raise Refused(f"{envelope} is missing: the folder is not signed (./build.sh --sign-key)")
@@ -161,6 +202,15 @@ def verify_dist(folder, public_key):
     if listed != signed:
         diff = sorted(set(listed.items()) ^ set(signed.items()))
         raise Refused(f"{sums} does not list what {envelope} signs: {diff[:5]}")
+    extra, nested = unlisted(folder, listed)
+    if extra:
+        shown = ", ".join(os.path.join(folder, e) for e in extra[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise Refused(
+            f"{shown}{more}: not listed in {sums}, so not signed, yet served with the folder; "
+            f"move {'it' if len(extra) == 1 else 'them'} out of {folder} (or rebuild into an "
+            "empty folder)"
+        )
     for name, digest in sorted(listed.items()):
         path = os.path.join(folder, name)
         try:
@@ -169,7 +219,10 @@ def verify_dist(folder, public_key):
             raise Refused(f"{path}: cannot read it ({e.strerror})") from None
         if got != digest:
             raise Refused(f"{path} (sha256 {got}) is not the file {envelope} signs ({digest})")
-    return sorted(listed)
+    inner = [
+        os.path.join(n, f) for n in nested for f in verify_dist(os.path.join(folder, n), public_key)
+    ]
+    return sorted([*listed, *inner])
 
 
 def main():

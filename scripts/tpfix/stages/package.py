@@ -12,18 +12,24 @@ Beside the wheel, in the staging folder first (`describe`):
   simple/                   a static PEP 503 index of dist/ (tpfix.release.index)
   SHA256SUMS                every file above, in `sha256sum -c` form
 
-`publish` moves the wheel, then each of them into dist/ (os.replace, atomic:
-the staging folder is inside dist/, on its file system; simple/ by renaming
-the folder), then writes SHA256SUMS
-(atomically too), then removes what the old SHA256SUMS listed and the new
-one does not (an older wheel's files, the image files of an older wheel)
-and any other vllm-* file.  The wheel of the same version for the other
+`publish` moves the wheel, then each of them into dist/ from the staging
+folder (<workdir>/staging-*, outside dist/: a server publishing dist/ never
+serves it; os.replace, or a copy beside the file then os.replace where dist
+is another file system), then writes SHA256SUMS (atomically too), then
+removes what the old SHA256SUMS listed and the new one does not (an older
+wheel's files, the image files of an older wheel).  It removes nothing
+else: what no SHA256SUMS listed is kept and named in one warning line
+(dist/.publishing names what a publish moves in, so that a killed one's
+files are known as ours).  The wheel of the same version for the other
 arch (./build.sh --arch aarch64 into the same dist) stays, with its files
-and its image's (image/<name>-<arch>.*, image_arch): SHA256SUMS and simple/
-list both arches.  The image files of the arch built again stay only where
-its wheel is byte for byte the one listed and the folder keeps its signer
-(a cached rebuild); otherwise they go, and so does the manifest list over
-both images (tpfix.image.image_list).
+and its image's (image/<name>-<arch>.*, image_arch), their envelopes
+signed again where another key signed them: SHA256SUMS and simple/ list
+both arches.  The image files of the arch built again stay only where its
+wheel is byte for byte the one listed and the folder keeps its signer (a
+cached rebuild); otherwise they go, and so does the manifest list over both
+images (tpfix.image.image_list); its audit reports (dist_folder.AUDITS) stay where the
+wheel and its SBOM are byte for byte the ones listed, else they go with a
+note saying how to remake them.
 So every file in dist/ is always whole, old bytes or new, never part of
 either; SHA256SUMS changes only once all it lists is in place.  A run
 killed between two moves leaves a mix of old and new files, which `sha256sum
@@ -34,7 +40,6 @@ kills one at every step).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -44,10 +49,22 @@ from tpfix.core.context import BuildContext
 from tpfix.core.lines import Line, get_line, line_names, wheel_arches
 from tpfix.core.util import PARTIAL, Fail, add_sign_arg, link_or_copy, sha256_file, write_atomic
 from tpfix.core.wheelfile import wheel_arch
+from tpfix.stages.dist_folder import (
+    PUBLISHING,
+    SUMS_ENVELOPE,
+    kept_audits,
+    keyids,
+    move_in,
+    pending_moves,
+    resign,
+    signed_by,
+    warn_foreign,
+)
 
 SUMS = "SHA256SUMS"
 IMAGE = "image"  # dist's folder of the image files (tpfix.image.image)
-STAGING = ".staging-"  # dist/.staging-<pid>-*: hidden, on dist's file system
+STAGING = "staging-"  # <workdir>/staging-<pid>-*: outside dist/, never served
+OLD_STAGING = ".staging-"  # dist/.staging-<pid>-*: where builds staged before
 VERIFY = "verify.py"  # tpfix/release/dist_verify.py, shipped with a signed provenance
 
 
@@ -103,7 +120,7 @@ def describe(
         shutil.copyfile(dist_verify.__file__, staging / VERIFY)
         out.append(Path(VERIFY))
     for other in others:
-        link_or_copy(other, staging / other.name)  # staging is on dist's file system
+        link_or_copy(other, staging / other.name)  # a hard link where on one file system
         out.append(Path(other.name))
     out += index.write_index(staging, [wheel, *(staging / o.name for o in others)])
     return out
@@ -244,14 +261,16 @@ def wheel_entry(sums: Path, arch: str | None = None) -> tuple[str, str, str]:
     return mine[0]
 
 
-def add_dist_step_args(ap) -> None:
+def add_dist_step_args(ap, every_arch: bool = False) -> None:
     """The arguments of a step that adds files to a built dist folder
-    (tpfix.audit.advisories, tpfix.audit.resolved_sbom): --line, --dist, --arch,
-    --index-url and --sign-key; dist_step() reads them."""
+    (tpfix.audit.advisories, tpfix.audit.resolved_sbom): --line, --dist, --arch
+    (`every_arch`: by default each wheel dist/ lists, find_wheels), --index-url
+    and --sign-key; dist_step() reads them."""
     ap.add_argument("--line", choices=line_names(), help="release line (default: VERSION's)")
     ap.add_argument("--dist", type=Path, help="default dist/ (dist/TAG/ for another line)")
+    default = "each one it lists" if every_arch else "its only one"
     ap.add_argument(
-        "--arch", choices=wheel_arches(), help="the wheel of dist/ (default: its only one)"
+        "--arch", choices=wheel_arches(), help=f"the wheel of dist/ (default: {default})"
     )
     ap.add_argument("--index-url", help="the index uv resolves from (default: uv's own)")
     add_sign_arg(ap)
@@ -285,6 +304,15 @@ def find_wheel(dist: Path, arch: str | None = None) -> tuple[Path, str]:
     return dist / name, digest
 
 
+def find_wheels(dist: Path, arch: str | None = None) -> list[tuple[Path, str]]:
+    """find_wheel for `arch`, or (None) for each arch of a wheel SHA256SUMS lists."""
+    sums = dist / SUMS
+    if arch is not None or not sums.exists():
+        return [find_wheel(dist, arch)]
+    arches = sorted({wheel_arch(Path(e[0])) for e in read_sums(sums) if _WHEEL_NAME.match(e[0])})
+    return [find_wheel(dist, a) for a in arches] or [find_wheel(dist)]
+
+
 def listed(dist: Path) -> list[Path]:
     """The files dist/SHA256SUMS lists, relative to dist (none without one)."""
     sums = dist / SUMS
@@ -305,70 +333,48 @@ def other_arches(dist: Path, wheel: Path) -> list[Path]:
     ]
 
 
-def _keyids(signer) -> set[str]:
-    return {signer.public_key.keyid} if signer is not None else set()
-
-
-def _signed_by(dist: Path) -> set[str]:
-    """The keyids of the signature of dist/ as a whole (none: unsigned)."""
-    import json
-
-    from tpfix.release import attest
-
-    try:
-        doc = json.loads((dist / attest.SUMS_ENVELOPE).read_text())
-    except (OSError, ValueError):
-        return set()
-    return {sig.get("keyid", "") for sig in doc.get("signatures", [])}
-
-
 def publish(wheel: Path, dist: Path, extras: list[Path] = (), signer=None) -> Path:
     """Move the staged wheel and its `extras` (relative to its folder) into
     dist/; the files of the other arches' wheels of its version stay (its
-    extras index them: describe), an older version's go, and so do the image
-    files of a wheel replaced by other bytes."""
+    extras index them: describe), signed again by `signer` where another key
+    signed them, an older version's go, and so do the image files of a wheel
+    replaced by other bytes.  Only what a SHA256SUMS listed (or a killed
+    publish was moving in) is ever removed; anything else is kept and named."""
     staging = wheel.parent
     dist.mkdir(parents=True, exist_ok=True)
     listed_sha = {e[0]: e[1] for e in read_sums(dist / SUMS)} if (dist / SUMS).exists() else {}
-    before = {Path(p) for p in listed_sha}
+    listed, pending = {Path(p) for p in listed_sha}, pending_moves(dist)
     others = {p.name for p in extras if p.suffix == ".whl"}
-    kept = [p for p in before if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
+    kept = [p for p in listed if p.name in others or p.name.split(".whl.")[0] + ".whl" in others]
     # Image files stay with the wheel they were built from: the other arches'
     # (kept above), and this arch's too where its wheel is byte for byte the
     # one listed and signed by the same key, or unsigned as before (a cached
     # rebuild: their envelopes are still this folder's signer's); the
     # manifest list only if all it names stays.
-    same_signer = _signed_by(dist) == _keyids(signer)
-    unchanged = listed_sha.get(wheel.name) == sha256_file(wheel) and same_signer
+    same_signer = signed_by(dist / SUMS_ENVELOPE) == keyids(signer)
+    same_wheel = listed_sha.get(wheel.name) == sha256_file(wheel)
+    unchanged = same_wheel and same_signer
     arches = {wheel_arch(Path(name)) for name in others} | (
         {wheel_arch(wheel)} if unchanged else set()
     )
-    images = [p for p in before if p.parts[0] == IMAGE]
+    images = [p for p in listed if p.parts[0] == IMAGE]
     whole = unchanged and {image_arch(p) for p in images} - {None} <= arches
     kept += [p for p in images if image_arch(p) in arches or (whole and image_arch(p) is None)]
-    final = dist / wheel.name
-    os.replace(wheel, final)
-    tops = {Path(p.parts[0]) for p in extras}
-    for top in sorted(tops, key=str):
-        src, dest = staging / top, dist / top
-        if src.is_dir():
-            old = dist / f".{top}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            if dest.exists():
-                os.replace(dest, old)
-            os.replace(src, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(src, dest)
-    now = sorted({Path(final.name), *extras, *kept})
+    bom = f"{wheel.name}.cdx.json"
+    same_bom = same_wheel and listed_sha.get(bom) == sha256_file(staging / bom)
+    kept += kept_audits(dist, wheel, listed_sha, set(extras), same_bom)
+    resigned = resign(dist, staging, kept, signer)
+    moved = [Path(wheel.name), *(p for p in extras if p.name not in others), *resigned]
+    write_atomic(dist / PUBLISHING, "".join(f"{p.as_posix()}\n" for p in moved))
+    for rel in moved:
+        move_in(staging / rel, dist / rel)
+    now = sorted({*moved, *extras, *kept})
     write_sums(dist, now, signer)
-    for rel in before - set(now):
+    for rel in (listed | pending) - set(now):
         (dist / rel).unlink(missing_ok=True)
-    keep = {final.name, *(str(t) for t in tops), *(p.name for p in kept if len(p.parts) == 1)}
-    for old in dist.glob("vllm-*"):
-        if old.name not in keep and old.is_file():
-            old.unlink()
-    return final
+    (dist / PUBLISHING).unlink()
+    warn_foreign(dist, now)
+    return dist / wheel.name
 
 
 def _legacy_staging(dist: Path) -> list[Path]:
@@ -377,13 +383,15 @@ def _legacy_staging(dist: Path) -> list[Path]:
 
 
 def clear_staging(dist: Path) -> None:
-    """Remove what killed builds staged in `dist` (the caller holds its lock):
-    staging folders, an old index a publish killed between its two renames
-    left (package.publish: dist/.<folder>.old), and the temporary file of a
-    write killed before its rename (util.write_atomic: SHA256SUMS, the
-    image's files; image_engine: its archives), in dist/, dist/image/ and
-    the folders SHA256SUMS lists files in.  The image stage runs it too."""
-    for stale in [*dist.glob(STAGING + "*"), *dist.glob(".*.old"), *_legacy_staging(dist)]:
+    """Remove what killed runs of this project left in `dist` (the caller
+    holds its lock): staging folders of builds that staged in dist/
+    (OLD_STAGING, or beside it) and an old index one of them killed between
+    its two renames left (dist/.simple.old), and the temporary file of a
+    write killed before its rename (util.write_atomic, publish's copy across
+    file systems: SHA256SUMS, the image's files; image_engine: its
+    archives), in dist/, dist/image/ and the folders SHA256SUMS lists files
+    in.  The image stage runs it too."""
+    for stale in [*dist.glob(OLD_STAGING + "*"), dist / ".simple.old", *_legacy_staging(dist)]:
         shutil.rmtree(stale, ignore_errors=True)
     folders = {dist, dist / IMAGE}  # image/: where the image stage writes, listed or not
     with contextlib.suppress(Fail):  # an unreadable SHA256SUMS: the build rewrites it
