@@ -225,8 +225,13 @@ def import_host_modules(backend: str = "trtllm") -> None:
     vllm_cpu_stubs.register()
     import vllm.compilation.passes.fusion.allreduce_rms_fusion  # noqa: F401
     import vllm.distributed.device_communicators.cuda_communicator  # noqa: F401
-    import vllm.v1.spec_decode.draft_model  # noqa: F401
     import vllm.v1.worker.gpu_worker  # noqa: F401
+
+    try:  # the V1 model runner's drafter; V2's only (v0.34.0) is imported as used
+        import vllm.v1.spec_decode.draft_model  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "vllm.v1.spec_decode.draft_model":
+            raise
 
 
 def setup(tp: int = 2, capability: int = 90, backend: str = "trtllm") -> None:

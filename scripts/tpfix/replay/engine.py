@@ -122,13 +122,48 @@ def engine_config(
 
 
 def draft_config(vllm_config):
-    """The drafter's VllmConfig, from DraftModelProposer's own code."""
-    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    """The drafter's VllmConfig, from the tree's own code: DraftModelProposer
+    (the V1 model runner's), or, where the V2 model runner is the only one
+    (v0.34.0), the draft model's speculator's ``load_draft_model``, whose
+    ``get_model`` is SIMULATED (it loads nothing: the config it is given is
+    the drafter's)."""
+    try:
+        from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    except ModuleNotFoundError as e:
+        if e.name != "vllm.v1.spec_decode.draft_model":
+            raise
+        return _v2_draft_config(vllm_config)
 
     proposer = DraftModelProposer.__new__(DraftModelProposer)
     proposer.vllm_config = vllm_config
     proposer.speculative_config = vllm_config.speculative_config
     return proposer._create_draft_vllm_config()
+
+
+def _v2_draft_config(vllm_config):
+    import importlib
+
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import get_speculator_config_class
+
+    spec = vllm_config.speculative_config
+    where, _, name = get_speculator_config_class(spec).speculator_class.rpartition(".")
+    module = importlib.import_module(where)
+    speculator = getattr(module, name).__new__(getattr(module, name))
+    speculator.vllm_config = vllm_config
+    speculator.speculative_config = spec
+    speculator.draft_model_config = spec.draft_model_config
+    made = {}
+
+    def get_model(*, vllm_config, **kwargs):
+        made["config"] = vllm_config
+        return model_stand_in()
+
+    real, module.get_model = module.get_model, get_model
+    try:
+        speculator.load_draft_model(model_stand_in(), set())
+    finally:
+        module.get_model = real
+    return made["config"]
 
 
 def worker_init(vllm_config, standalone: bool = False) -> None:
@@ -150,6 +185,8 @@ def worker_init(vllm_config, standalone: bool = False) -> None:
             assert ps._TP.world_size == tp, "the TP group has another size"
             return
         ps._TP = FakeTPGroup(tp)
+        if getattr(ps, "_PP", None) is None:  # one stage (read by v0.34.0's drafter loader)
+            ps._PP = types.SimpleNamespace(world_size=1, destroy=lambda: None)
         if standalone:
             import vllm.distributed.device_communicators.flashinfer_all_reduce as fiar
             from vllm.config import set_current_vllm_config
@@ -199,6 +236,10 @@ def load_models(vllm_config, compiled: bool = True) -> None:
     worker.model_runner = types.SimpleNamespace(load_model=load_model, get_model=lambda: model)
     worker._scoped_allocator_max_split = lambda **kwargs: contextlib.nullcontext()
     worker._maybe_get_memory_pool_context = lambda tag: contextlib.nullcontext()
+    # v0.34.0: the weights' external memory charges (nothing is loaded)
+    worker._external_weight_charges = types.SimpleNamespace(
+        track=contextlib.nullcontext, fallback_bytes=0
+    )
     worker.load_model()
 
 

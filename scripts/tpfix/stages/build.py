@@ -110,7 +110,12 @@ def build_wheel(
 
     `cuda` is the CUDA version the official wheel was built for (Line.official_cuda).
     """
-    problems = build_requirement_problems((tree / "pyproject.toml").read_text(), "pyproject.toml")
+    pyproject = tree / "pyproject.toml"  # no file: no declared build requirements
+    problems = (
+        build_requirement_problems(pyproject.read_text(), pyproject.name)
+        if pyproject.exists()
+        else []
+    )
     if problems:
         raise Fail("\n".join(problems))
     env = dict(os.environ)
