@@ -69,8 +69,9 @@ def made(request, tmp_path_factory) -> tuple[str, Path, subprocess.CompletedProc
     fi = copy / "pins" / "flashinfer.toml"
     fi.write_text(_without_pin(fi.read_text(), fi_version))
     assert f'version = "{fi_version}"' not in fi.read_text()
-    source = json.loads((get_line(tag).patches / "rebase.json").read_text())["from"]
-    proc = _start_line(copy, tag, "--from", source)
+    started = json.loads((get_line(tag).patches / "rebase.json").read_text())
+    repins = [f"--repin={n}=={v}" for n, v in started.get("repins", {}).items()]
+    proc = _start_line(copy, tag, "--from", started["from"], *repins)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tag, copy, proc
 
@@ -94,7 +95,9 @@ def test_pins_equal_the_committed_ones(made):
     assert sorted((a for a in ours if a.role != "test"), key=str) == sorted(committed, key=str)
     # the FlashInfer the scenario checks import, pinned from the downloaded file
     text = (copy / "patches" / tag / "pins.toml").read_text()
-    fi_version = tomllib.loads(text)["flashinfer"]
+    # (the re-pinned one where start_line --repin replaced upstream's pin)
+    facts = tomllib.loads(text)
+    fi_version = facts.get("flashinfer-repinned", facts["flashinfer"])
     pinned = [*load_pins(ROOT / "pins" / "flashinfer.toml"), *committed]
     fi = [a for a in pinned if a.role == "test" and a.version == fi_version]
     assert [a for a in ours if a.role == "test"] == fi
@@ -103,7 +106,10 @@ def test_pins_equal_the_committed_ones(made):
     ours, theirs = tomllib.loads(text), tomllib.loads(get_line(tag).pins.read_text())
     for key in (*WHEEL_FACTS, "image-python"):
         assert ours[key] == theirs[key], key
-    assert "flashinfer-repinned" not in ours  # a re-pin is the series', added by hand
+    # a re-pin: start_line --repin's, as rebase.json records it
+    repinned = json.loads((get_line(tag).patches / "rebase.json").read_text()).get("repins", {})
+    assert ours.get("flashinfer-repinned") == repinned.get("flashinfer-python")
+    assert ours.get("flashinfer-repinned") == theirs.get("flashinfer-repinned")
 
 
 def test_classification_equals_the_committed_one(made):
@@ -113,7 +119,9 @@ def test_classification_equals_the_committed_one(made):
     committed = json.loads((get_line(tag).patches / "rebase.json").read_text())
     assert ours == committed
     carried = [n for n, s in ours["patches"].items() if s in ("applies", "applies-with-changes")]
-    assert (folder / "series").read_text().split() == carried
+    # the re-pins (start_line --repin) first, each a patch of its own
+    first = [f"0001-repin-{n}-{v}.patch" for n, v in ours.get("repins", {}).items()]
+    assert (folder / "series").read_text().split() == first + carried
     assert (folder / "VERSION").read_text() == f"{tag[1:]}+tpfix.1\n"  # its first revision
     # no advisory analysis yet, as tpfix.release.triage reads it; the README's versions
     # table has the new line's row again (the fixture removed it), at tpfix.1
@@ -134,9 +142,11 @@ def test_classification_equals_the_committed_one(made):
     if left:
         (said,) = [x for x in proc.stdout.splitlines() if x.startswith("to port by hand")]
         assert said.endswith(": " + ", ".join(left))
-    assert read_series(get_line(tag).series) == [
+    assert read_series(get_line(tag).series) == first + [
         n for n, s in ours["patches"].items() if s != "absorbed"
     ]
+    for name in first:  # the committed re-pin is the one start_line writes
+        assert (folder / name).read_text() == (line.patches / name).read_text(), name
     # port.toml: what the report recorded, as the committed facts say; each
     # `why` left to the maintainer (load refuses it so)
     recorded, facts = (tomllib.loads((f / FILE).read_text()) for f in (folder, line.patches))
@@ -148,7 +158,7 @@ def test_classification_equals_the_committed_one(made):
             for c in want.get("checks", [])
         ]
         assert {**rec, "checks": rec.get("checks", [])} == want, name
-    assert list(recorded.get("port", {})) == carried
+    assert list(recorded.get("port", {})) == first + carried
     with pytest.raises(Fail, match=r"port.toml \[report.'0.*'\]: no `why`"):
         load_facts(Line.at(folder))
     # an absorbed verdict came from the patch's scenario, run on a tree of the tag

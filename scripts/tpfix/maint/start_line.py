@@ -288,6 +288,8 @@ def new_line(
             "checks": checks,
             "patches": {r["name"]: r["status"] for r in report["patches"]},
         }
+        if repins:  # start_line --repin, as given (test_start_line starts it again so)
+            summary["repins"] = dict(sorted(repins.items()))
         (dest / "rebase.json").write_text(json.dumps(summary, indent=2) + "\n")
         (dest / port_facts.FILE).write_text(
             port_facts.record(report, carried, new=[n for n, _ in first])
