@@ -11,6 +11,7 @@ import hashlib
 import os
 import subprocess
 import textwrap
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +19,12 @@ import pytest
 from served import Served
 from wheels import make_wheel
 
+from tpfix.core.lines import get_line, line_names
+from tpfix.core.patch_format import read_series
 from tpfix.core.util import Fail
 from tpfix.maint import repin, start_line
+from tpfix.replay.harness import flashinfer_site
+from tpfix.stages.patch import cached_tree
 
 
 def _index(root: Path, wheels: list[Path]) -> Path:
@@ -185,7 +190,8 @@ def test_api_problems_finds_what_the_release_lacks(tmp_path):
     _write(
         site,
         {
-            "flashinfer/__init__.py": "from .norm import rmsnorm\nfrom .comm import *\n",
+            "flashinfer/__init__.py": "from .norm import rmsnorm\nfrom .comm import *\n"
+            "with contextlib.suppress(ImportError):\n    from .norm import rmsnorm as fused\n",
             "flashinfer/norm.py": "def rmsnorm(x, w, eps=1e-6, *, out=None):\n    pass\n",
             "flashinfer/comm/__init__.py": "from .ar import allreduce, Workspace\n",
             "flashinfer/comm/ar.py": (
@@ -201,7 +207,7 @@ def test_api_problems_finds_what_the_release_lacks(tmp_path):
             "vllm/ok.py": """\
                 import flashinfer
                 import flashinfer.comm as fc
-                from flashinfer import rmsnorm
+                from flashinfer import rmsnorm, fused
                 from flashinfer.comm import allreduce, Workspace
                 from flashinfer.utils import helper
                 rmsnorm(1, 2, eps=3, out=4)
@@ -250,3 +256,18 @@ def test_the_patch_header_lists_what_the_release_lacks(tmp_path):
         _tree(tmp_path / "2"), "v0.34.0", "flashinfer-python", "0.7.3", "0.7.4", []
     )
     assert "every flashinfer name that vLLM v0.34.0 imports exists" in " ".join(clean.split())
+
+
+@pytest.mark.slow  # each line's patched tree and its FlashInfer, from the sha256 cache
+@pytest.mark.parametrize("tag", line_names())
+def test_each_line_uses_nothing_its_flashinfer_lacks(tag):
+    """The check start_line --repin makes, on every line as it ships: its
+    series' tree against the FlashInfer its wheel requires (the re-pin, where
+    the series re-pins it).  The only optional misses allowed are those vLLM
+    guards itself."""
+    line = get_line(tag)
+    facts = tomllib.loads(line.pins.read_text())
+    shipped = facts.get("flashinfer-repinned", facts["flashinfer"])
+    tree = cached_tree(line, upto=read_series(line.series)[-1])
+    problems, _ = repin.api_problems(tree, flashinfer_site(shipped))
+    assert problems == []

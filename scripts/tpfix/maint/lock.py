@@ -33,6 +33,9 @@ nvidia-* packages.  uv finds it where pip does: in pip's find-links (pip
 config or PIP_FIND_LINKS; this machine's lies in /opt/wheels), or pass
 --find-links DIR.  Installing the locks needs the same file where pip looks.
 
+Rewriting keeps every pin that still meets the inputs (uv takes the current
+locks as its preferences): a new line's requirements move only what they must.
+
 --check (the fast tier runs it: tests/test_lock.py) resolves nothing (the
 lines' sdists come from the sha256-keyed cache): every pin of a lock carries
 a hash; the three locks agree; each lock's pins meet its input file's
@@ -49,6 +52,7 @@ import functools
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -252,11 +256,20 @@ def compile_layers(links: list[str]) -> None:
             path.write_text(common_txt(tag))
             commons.append(path)
         whole = Path(tmp) / "all.txt"
+        # the versions locked now are uv's preferences (it reads an existing
+        # output file so): a pin changes only where the inputs make it
+        known = {}
+        for _, lock in LAYERS:
+            if lock.exists():
+                known.update({k: f"{p.name}=={p.version}" for k, p in read_lock(lock).items()})
+        whole.write_text("".join(f"{pin}\n" for pin in sorted(known.values())))
         inputs = [str(s) for s, _ in LAYERS] + [str(p) for p in commons]
         _uv(uv + ["--no-header", "-o", str(whole), *inputs])
         for src, lock in LAYERS:
             extra = commons if lock == LAYERS[1][1] else []
             out = Path(tmp) / lock.name
+            if lock.exists():
+                shutil.copyfile(lock, out)
             cmd = uv + ["--generate-hashes", "--no-header", "-c", str(whole), "-o", str(out)]
             _uv(cmd + [str(src), *map(str, extra)])
             # the constraint is this run's scratch file: not a reason to name

@@ -306,9 +306,10 @@ class _Release:
 
 
 def _guarded(node: ast.AST) -> list[ast.AST]:
-    """Statements inside top-level try/if blocks (conditional definitions)."""
+    """Statements inside top-level try/if/with blocks (conditional definitions,
+    e.g. `with contextlib.suppress(ImportError): from .x import y`)."""
     out = []
-    if isinstance(node, ast.Try | ast.If):
+    if isinstance(node, ast.Try | ast.If | ast.With):
         for block in (
             node.body,
             getattr(node, "orelse", []),
