@@ -160,10 +160,10 @@ def test_a_bad_signing_key_stops_the_build_before_any_download(tmp_path: Path):
 
 
 def test_recorded_command_leaves_out_output_folders_only():
-    args = ["--line", "v0.33.0", "--dist", "/x", "--workdir=/w", "--sign-key", "k", "--image"]
+    args = ["--line", "v0.34.0", "--dist", "/x", "--workdir=/w", "--sign-key", "k", "--image"]
     args.insert(2, "--no-cache")  # a rebuild from the cache: the same bytes
     pipeline = str(ROOT / "scripts" / "tpfix" / "pipeline.py")  # sys.argv[0] of ./build.sh
-    assert attest.build_command([pipeline, *args]) == "./build.sh --line v0.33.0 --image"
+    assert attest.build_command([pipeline, *args]) == "./build.sh --line v0.34.0 --image"
     image = str(ROOT / "scripts" / "tpfix" / "image" / "__main__.py")  # python -m tpfix.image
     assert attest.build_command([image, "--dist", "d"]) == "python -m tpfix.image"
     # a module of a group folder: its dotted name

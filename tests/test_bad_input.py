@@ -156,10 +156,10 @@ def test_a_wrong_line_is_refused_before_any_work(repo: Path, tmp_path: Path):
     assert proc.returncode == 2 and "invalid choice: 'v9.9.9'" in proc.stderr
     # a line folder whose VERSION names another tag (a copy started by hand)
     bad = repo / "patches" / "v0.40.0"
-    shutil.copytree(repo / "patches" / "v0.33.0", bad)
+    shutil.copytree(repo / "patches" / "v0.34.0", bad)
     proc = build("--line", "v0.40.0")
     assert proc.returncode == 2
-    assert "patches/v0.40.0/VERSION: names v0.33.0, not the folder's tag v0.40.0" in proc.stderr
+    assert "patches/v0.40.0/VERSION: names v0.34.0, not the folder's tag v0.40.0" in proc.stderr
     (bad / "VERSION").write_text("0.40.0+tpfix.2\n")
     (bad / "pins.toml").unlink()
     proc = build("--line", "v0.40.0")

@@ -214,11 +214,11 @@ def test_pipeline_stages_on_ray_each_form_a_tp_group(capsys):
 
 
 @pytest.mark.slow
-def test_seed_000_on_v0_33_0(capsys):
-    """v0.33.0 sizes the pass for max(target, draft) (vllm#52193): the cold
+def test_seed_000_on_v0_34_0(capsys):
+    """v0.34.0 sizes the pass for max(target, draft) (vllm#52193): the cold
     start works; the warm start (no pass, the target's op creates it) still
     dies of the seed's message; the line's patched tree starts both."""
-    code, report, _ = run_doctor(["--line", "v0.33.0", *SEED_000_LINE], capsys)
+    code, report, _ = run_doctor(["--line", "v0.34.0", *SEED_000_LINE], capsys)
     assert code == doctor.EXIT_FIXED, report
     stock, patched = report["verdict"]["stock"], report["verdict"]["patched"]
     assert stock["starts"]["cold"] is None
@@ -305,10 +305,10 @@ def test_the_cuda_graph_mode_on_the_serve_line_is_replayed(capsys):
 
 @pytest.mark.slow
 def test_lost_fusion_is_a_finding(capsys):
-    """v0.33.0 bounds every model's fused tokens by the widest model (vllm#52193):
+    """v0.34.0 bounds every model's fused tokens by the widest model (vllm#52193):
     SM90 TP4 (2 MiB), target 2048 / draft 2560, the target fuses up to 409
     tokens on stock and up to its own 512 with the patched wheel."""
-    argv = ["--line", "v0.33.0", *serve("Qwen3-30B-A3B", "-tp", "4", *spec("Qwen3-4B"))]
+    argv = ["--line", "v0.34.0", *serve("Qwen3-30B-A3B", "-tp", "4", *spec("Qwen3-4B"))]
     code, report, _ = run_doctor(argv, capsys)
     assert code == doctor.EXIT_FIXED  # the draft's warm start crashes stock: unchanged
     assert report["lost_fusion"] == [

@@ -66,12 +66,12 @@ def _repin(path: Path, name: str, version: str) -> None:
 
 
 def test_a_pin_outside_a_lines_range_is_named(layers):
-    # v0.33.0 asks transformers >= 5.16.1, < 5.21.0; v0.27.1 only >= 5.5.3
+    # v0.34.0 asks transformers >= 5.16.1, < 5.23.0; v0.27.1 only >= 5.5.3
     _repin(layers[1][1], "transformers", "5.25.0")
     found = lock.problems()
     assert len(found) == 1
-    assert "transformers==5.25.0 does not meet transformers<5.21.0,>=5.16.1" in found[0]
-    assert "v0.33.0 requirements/common.txt" in found[0]
+    assert "transformers==5.25.0 does not meet transformers<5.23.0,>=5.16.1" in found[0]
+    assert "v0.34.0 requirements/common.txt" in found[0]
 
 
 def test_a_pin_the_input_does_not_allow_is_named(layers):
