@@ -213,8 +213,8 @@ def repin_patch(tree: Path, tag: str, name: str, old: str, new: str, problems: l
     )
     header = f"""\
 From: vLLM tpfix maintainers <maintainers@tpfix.invalid>
-Subject: [PATCH] [Deps] Re-pin {name} to {new}: {old} is not on the
- package index
+Subject: [PATCH] [Deps] Re-pin {name} to {new}: {old} is not on
+ the package index
 
 {why}
 
@@ -224,8 +224,9 @@ The scenario replays run with {new}.
 Related: upstream's pin of {name}=={old},
  https://github.com/vllm-project/vllm/blob/{tag}/requirements/cuda.txt
 Forwarded: not-needed
-{scenario}Claim: vLLM {tag} with this series requires {name}=={new}, which the
- package index serves, so the wheel installs where upstream's does not
+{scenario}Claim: vLLM {tag} with this series requires {name}=={new},
+ which the package index serves, so the wheel installs where upstream's
+ does not
 Signed-off-by: vLLM tpfix maintainers <maintainers@tpfix.invalid>
 ---
 """
