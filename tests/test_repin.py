@@ -23,6 +23,7 @@ from tpfix.core.lines import get_line, line_names
 from tpfix.core.patch_format import read_series
 from tpfix.core.util import Fail
 from tpfix.maint import repin, start_line
+from tpfix.replay import deps
 from tpfix.replay.harness import flashinfer_site
 from tpfix.stages.patch import cached_tree
 
@@ -231,7 +232,7 @@ def test_api_problems_finds_what_the_release_lacks(tmp_path):
                 """,
         },
     )
-    problems, optional = repin.api_problems(tree, site)
+    problems, optional = deps.api_problems(tree, site)
     assert problems == [
         "vllm/bad.py:2: flashinfer has no gone",
         "vllm/bad.py:3: no module flashinfer.moe",
@@ -269,5 +270,5 @@ def test_each_line_uses_nothing_its_flashinfer_lacks(tag):
     facts = tomllib.loads(line.pins.read_text())
     shipped = facts.get("flashinfer-repinned", facts["flashinfer"])
     tree = cached_tree(line, upto=read_series(line.series)[-1])
-    problems, _ = repin.api_problems(tree, flashinfer_site(shipped))
+    problems, _ = deps.api_problems(tree, flashinfer_site(shipped))
     assert problems == []

@@ -87,6 +87,7 @@ from tpfix.core.util import Fail, main_wrapper, sdist_text, shown, sigterm_as_in
 from tpfix.core.wheelfile import wheel_requirements
 from tpfix.maint import lock, port_facts, repin
 from tpfix.maint.rebase import format_table, rebase
+from tpfix.replay.deps import api_problems
 from tpfix.stages.build import build_requirement_problems
 from tpfix.stages.fetch import cached_path, fetch_test_dep, pin_release, pin_test_dep
 
@@ -226,7 +227,7 @@ def _repin_patch(tag: str, sdist: Path, name: str, new: str) -> tuple[str, str]:
         packages = [own] if own in tops else sorted(tops)
         problems: list[str] = []
         for package in packages:
-            problems += repin.api_problems(tree, site, package)[0]
+            problems += api_problems(tree, site, package)[0]
         for p in problems:
             print(f"warning: {name}=={new}: {p}", file=sys.stderr)
         body = repin.repin_patch(tree, tag, name, m.group(1), new, problems)
