@@ -40,7 +40,7 @@ def _served_versions(name: str, python: str, platform: str) -> list[str] | None:
     """The versions of `name` pip's index serves for the target (None: pip failed)."""
     cmd = [sys.executable, "-m", "pip", "index", "versions", name, "--disable-pip-version-check"]
     cmd += ["--python-version", python, "--only-binary", ":all:"]
-    for plat in _platforms(platform):
+    for plat in manylinux_platforms(platform):
         cmd += ["--platform", plat]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     m = re.search(r"^Available versions: (.*)$", proc.stdout, re.M)
@@ -49,7 +49,7 @@ def _served_versions(name: str, python: str, platform: str) -> list[str] | None:
     return [] if "No matching distribution" in proc.stderr + proc.stdout else None
 
 
-def _platforms(platform: str) -> list[str]:
+def manylinux_platforms(platform: str) -> list[str]:
     """manylinux_2_28_x86_64 and the older manylinux tags a wheel for it may
     carry (manylinux_2_17, manylinux2014): some pips expand them, some do not."""
     m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)

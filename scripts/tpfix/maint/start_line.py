@@ -71,7 +71,15 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from tpfix.audit.support_matrix import README, WHEEL_FACTS, image_python, update_readme, wheel_facts
+from tpfix.audit.resolution import UBUNTU_GLIBC
+from tpfix.audit.support_matrix import (
+    README,
+    WHEEL_FACTS,
+    dockerfile_arg,
+    image_python,
+    update_readme,
+    wheel_facts,
+)
 from tpfix.core.lines import (
     LABEL,
     LINES,
@@ -185,7 +193,9 @@ def _check_release(tag: str, sdist: Path, wheel, facts: dict, repins: dict[str, 
         sdist_text(sdist, "pyproject.toml") or "", f"{sdist.name} pyproject.toml"
     )
     python = facts.get("image-python") or "3.12"
-    missing = repin.unserved(cached_path(wheel), python, "x86_64", wheel.platform)
+    # the official image's platform: the glibc of the Ubuntu its Dockerfile names
+    glibc = UBUNTU_GLIBC.get(dockerfile_arg(sdist, "UBUNTU_VERSION") or "", "2_28")
+    missing = repin.unserved(cached_path(wheel), python, "x86_64", f"manylinux_{glibc}_x86_64")
     pinned = {canonicalize_name(n): v for n, v, _ in missing}
     for name, version, versions in missing:
         if canonicalize_name(name) not in repins:
