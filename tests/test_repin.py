@@ -90,6 +90,7 @@ def test_start_line_names_it_in_one_line_with_the_way_out(index, tmp_path, monke
     sdist = tmp_path / "vllm-0.34.0.tar.gz"
     pyproject = '[build-system]\nrequires = ["setuptools-rust>=1.9.0", "torch == 2.14.0"]\n'
     monkeypatch.setattr(start_line, "sdist_text", lambda s, name: pyproject)
+    monkeypatch.setattr(start_line, "dockerfile_arg", lambda s, name: "22.04")  # its Ubuntu
     art = SimpleNamespace(platform="manylinux_2_28_x86_64")
     with pytest.raises(Fail) as e:
         start_line._check_release("v0.34.0", sdist, art, {"image-python": "3.12"}, {})
