@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, run_build_sh
 
 from tpfix.core.context import BuildContext
-from tpfix.core.lines import get_line, read_version, wheel_pin
+from tpfix.core.lines import get_line, read_pin_file, read_version, wheel_pin
 from tpfix.core.patch_format import read_series
 from tpfix.replay.harness import tree_after
 from tpfix.stages.fetch import fetch_wheel
@@ -157,8 +157,15 @@ def test_other_line_wheel_is_the_official_one_plus_its_series(line_build):
     public = version.split("+")[0]
     with zipfile.ZipFile(official) as o:
         theirs = o.read(f"vllm-{public}.dist-info/METADATA").decode()
-    # this line re-pins nothing: the metadata differs in the version only
-    assert ours == theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
+    # the metadata differs in the version only, and in the FlashInfer the
+    # series re-pins, if it does (pins.toml `flashinfer-repinned`)
+    theirs = theirs.replace(f"\nVersion: {public}\n", f"\nVersion: {version}\n", 1)
+    facts = read_pin_file(line.pins)
+    if repinned := facts.get("flashinfer-repinned"):
+        pin = "\nRequires-Dist: flashinfer-python=={}\n"
+        assert pin.format(facts["flashinfer"]) in theirs
+        theirs = theirs.replace(pin.format(facts["flashinfer"]), pin.format(repinned), 1)
+    assert ours == theirs
     assert verify_wheel(built, official, tree, BuildContext.resolve(line)) == []
     assert f"{_sha(built)}  {built.name}\n" in (built.parent / "SHA256SUMS").read_text()
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # a real build, and a resolution against the inde
 def dry_run(wheel: Path, line: Line, tmp: Path) -> subprocess.CompletedProcess:
     """The resolution of `wheel`'s requirements from the configured index,
     for the line's official image (resolution.target); nothing is installed."""
+    tmp.mkdir(parents=True, exist_ok=True)
     tgt = target(line, "x86_64")
     arch, _, glibc = tgt["platform"].partition("-")
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
@@ -49,7 +50,9 @@ def _check(line: Line, wheel: Path, tmp_path: Path) -> None:
     got = {i["metadata"]["name"]: i["metadata"]["version"] for i in report["install"]}
     assert got["vllm"] == line.version
     assert got["flashinfer-python"] == ours
-    if upstream != ours:  # the re-pin: upstream's own wheel does not resolve there
+    started = line.patches / "rebase.json"  # start_line --repin: the index lacks upstream's pin
+    repins = json.loads(started.read_text()).get("repins", {}) if started.exists() else {}
+    if repins.get("flashinfer-python") == ours != upstream:  # upstream's wheel does not resolve
         theirs = dry_run(fetch_wheel("x86_64", line.tag), line, tmp_path / "official")
         assert theirs.returncode != 0
         assert f"No matching distribution found for flashinfer-python=={upstream}" in theirs.stderr

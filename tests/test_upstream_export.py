@@ -192,13 +192,14 @@ def test_export_says_fixes_with_the_filed_issue_number(tmp_path):
 
     out = tmp_path / "export"
     rep = export(TAG, out, SIGNOFF, run_tests=False, numbers={"fusion-workspace-crash": 54321})
-    first = (out / rep["patches"][0]["pr"]).read_text()
+    # the PR of the patch with that Issue: (a re-pin or port to it may come first)
+    (fixing,) = [p for p in rep["patches"] if "#54321" in p["fixes"]]
+    first = (out / fixing["pr"]).read_text()
     assert "Fixes #54321." in first and "file it first" not in first
     steps = (out / "SUBMIT.md").read_text()
     assert "issue-lost-fusion.md" in steps and "issue-fusion-workspace-crash" not in steps
     assert "Duplicate" not in first and "/pr-checklist" in steps
-    assert "#54321" in rep["patches"][0]["fixes"]
-    others = [(out / p["pr"]).read_text() for p in rep["patches"][1:]]
+    others = [(out / p["pr"]).read_text() for p in rep["patches"] if p is not fixing]
     assert not any("#54321" in t for t in others)
     with pytest.raises(Fail, match="no Issue: nonsuch"):
         export(TAG, tmp_path / "x", SIGNOFF, run_tests=False, numbers={"nonsuch": 1})
