@@ -177,6 +177,7 @@ def test_a_signed_dist_is_signed_as_a_whole(tmp_path: Path):
     subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
     assert subjects == {"SHA256SUMS": sha(dist / "SHA256SUMS"), **listed}
     assert {wheel.name, f"{wheel.name}.cdx.json", "simple/vllm/index.html"} <= set(subjects)
+
     def verdicts() -> dict[str, tuple[int, str]]:
         return _both_verifiers(dist, pub)
 

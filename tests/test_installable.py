@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tpfix.audit.resolution import target
+from tpfix.audit.resolution import target, target_platforms
 from tpfix.core.lines import Line, get_line
-from tpfix.maint.repin import manylinux_platforms
 from tpfix.stages.fetch import fetch_wheel
 
 pytestmark = pytest.mark.slow  # a real build, and a resolution against the index
@@ -31,11 +30,10 @@ def dry_run(wheel: Path, line: Line, tmp: Path) -> subprocess.CompletedProcess:
     for the line's official image (resolution.target); nothing is installed."""
     tmp.mkdir(parents=True, exist_ok=True)
     tgt = target(line, "x86_64")
-    arch, _, glibc = tgt["platform"].partition("-")
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
     cmd += ["--disable-pip-version-check", "--report", str(tmp / "report.json")]
     cmd += ["--python-version", tgt["python"], "--only-binary", ":all:"]
-    for plat in manylinux_platforms(f"{glibc}_{arch}"):  # and the older manylinux tags
+    for plat in target_platforms(tgt["platform"]):  # and the older manylinux tags
         cmd += ["--platform", plat]
     cmd += ["--target", str(tmp / "target"), str(wheel)]
     return subprocess.run(cmd, text=True, capture_output=True, timeout=900)

@@ -79,7 +79,7 @@ def _official(tmp_path: Path) -> Path:
 
 
 def test_an_unserved_pin_is_found_with_what_the_index_has(index, tmp_path):
-    got = repin.unserved(_official(tmp_path), "3.12", "x86_64", "manylinux_2_28_x86_64")
+    got = repin.unserved(_official(tmp_path), "3.12", "x86_64-manylinux_2_28")
     assert [(n, v) for n, v, _ in got] == [("flashinfer-python", "0.7.3")]
     assert repin.nearby("0.7.3", got[0][2]) == ["0.7.2.post1", "0.7.4"]  # no pre-release
 

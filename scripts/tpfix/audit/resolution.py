@@ -160,13 +160,20 @@ def resolve(wheel: Path, tgt: dict, index_url: str | None = None) -> list[tuple[
     ]
 
 
-def target_tags(tgt: dict) -> list[Tag]:
-    """The wheel tags the target installs, most specific first (as installers rank them)."""
-    arch, _, glibc = tgt["platform"].partition("-manylinux_")
+def target_platforms(platform: str) -> list[str]:
+    """The manylinux platform tags a target (`x86_64-manylinux_2_35`) installs,
+    its own glibc's first, then every older one and the legacy aliases
+    (pip's --platform takes them one by one)."""
+    arch, _, glibc = platform.partition("-manylinux_")
     major, minor = map(int, glibc.split("_"))
     platforms = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    platforms += [f"{name}_{arch}" for m, name in legacy.items() if m <= minor]
+    return platforms + [f"{name}_{arch}" for m, name in legacy.items() if m <= minor]
+
+
+def target_tags(tgt: dict) -> list[Tag]:
+    """The wheel tags the target installs, most specific first (as installers rank them)."""
+    platforms = target_platforms(tgt["platform"])
     version = tuple(map(int, tgt["python"].split(".")))
     return [
         *cpython_tags(version, platforms=platforms),

@@ -5,7 +5,7 @@ replaces one (tpfix.maint.start_line --repin NAME==VERSION).
 
 unserved(wheel)      the `==` pins of an official wheel that the package index
                      pip is configured with does not serve, for the official
-                     image's Python and the wheel's platform (`pip index versions`)
+                     image's Python and platform (`pip index versions`)
 repin_patch(...)     the line's first patch, in the shape of v0.27.1's 0001:
                      requirements/*.txt (with the project's same-version
                      companions, e.g. flashinfer-cubin), docker/Dockerfile's
@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from tpfix.audit.resolution import marker_env
+from tpfix.audit.resolution import marker_env, target_platforms
 from tpfix.core.util import Fail
 from tpfix.core.wheelfile import wheel_requirements
 
@@ -37,10 +37,11 @@ from tpfix.core.wheelfile import wheel_requirements
 
 
 def _served_versions(name: str, python: str, platform: str) -> list[str] | None:
-    """The versions of `name` pip's index serves for the target (None: pip failed)."""
+    """The versions of `name` pip's index serves for the target, every
+    manylinux tag it installs (None: pip failed)."""
     cmd = [sys.executable, "-m", "pip", "index", "versions", name, "--disable-pip-version-check"]
     cmd += ["--python-version", python, "--only-binary", ":all:"]
-    for plat in manylinux_platforms(platform):
+    for plat in target_platforms(platform):
         cmd += ["--platform", plat]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     m = re.search(r"^Available versions: (.*)$", proc.stdout, re.M)
@@ -49,22 +50,11 @@ def _served_versions(name: str, python: str, platform: str) -> list[str] | None:
     return [] if "No matching distribution" in proc.stderr + proc.stdout else None
 
 
-def manylinux_platforms(platform: str) -> list[str]:
-    """manylinux_2_28_x86_64 and the older manylinux tags a wheel for it may
-    carry (manylinux_2_17, manylinux2014): some pips expand them, some do not."""
-    m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
-    if not m:
-        return [platform]
-    arch = m[2]
-    return [f"manylinux_2_{y}_{arch}" for y in range(int(m[1]), 16, -1)] + [f"manylinux2014_{arch}"]
-
-
-def unserved(
-    wheel: Path, python: str, arch: str, platform: str
-) -> list[tuple[str, str, list[str]]]:
+def unserved(wheel: Path, python: str, platform: str) -> list[tuple[str, str, list[str]]]:
     """(name, version, the versions the index has) of each `==` pin of the
-    official wheel (markers of the target, no extras) that the index lacks."""
-    env = marker_env(python, arch)
+    official wheel that the index lacks for CPython `python` on `platform`
+    (`x86_64-manylinux_2_35`: resolution.target's form; its markers, no extras)."""
+    env = marker_env(python, platform.partition("-")[0])
     pins = []
     for req in wheel_requirements(wheel):
         spec = list(req.specifier)

@@ -195,7 +195,7 @@ def _check_release(tag: str, sdist: Path, wheel, facts: dict, repins: dict[str, 
     python = facts.get("image-python") or "3.12"
     # the official image's platform: the glibc of the Ubuntu its Dockerfile names
     glibc = UBUNTU_GLIBC.get(dockerfile_arg(sdist, "UBUNTU_VERSION") or "", "2_28")
-    missing = repin.unserved(cached_path(wheel), python, "x86_64", f"manylinux_{glibc}_x86_64")
+    missing = repin.unserved(cached_path(wheel), python, f"x86_64-manylinux_{glibc}")
     pinned = {canonicalize_name(n): v for n, v, _ in missing}
     for name, version, versions in missing:
         if canonicalize_name(name) not in repins:

@@ -49,7 +49,7 @@ from pathlib import Path
 from tpfix.core.lines import LINES, Line, get_line, read_pin_file
 from tpfix.core.patch_format import read_patch, read_series
 from tpfix.core.util import Fail, cache_dir, cache_lock
-from tpfix.stages.fetch import fetch_test_dep
+from tpfix.stages.fetch import fetch_test_dep, pinned_test_dep
 from tpfix.stages.patch import cached_tree
 
 # The folder that holds the tpfix package: scenario interpreters import the
@@ -81,9 +81,7 @@ def pinned_flashinfer(tree: Path) -> str:
     m = re.search(r"^flashinfer-python==(\S+)", text, re.M)
     assert m, f"{tree}: requirements/cuda.txt pins no flashinfer-python"
     version = m.group(1)
-    try:
-        fetch_test_dep("flashinfer-python", version, download=False)
-    except Fail:
+    if pinned_test_dep("flashinfer-python", version) is None:
         for pins in sorted(LINES.glob("*/pins.toml")):
             data = read_pin_file(pins)
             if data.get("flashinfer") == version and data.get("flashinfer-repinned"):

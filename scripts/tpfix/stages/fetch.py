@@ -203,13 +203,20 @@ def all_pin_files() -> list[Path]:
     return sorted(PINS.glob("*.toml")) + sorted(LINES.glob("*/pins.toml"))
 
 
-def fetch_test_dep(project: str, version: str, download: bool = True) -> Path | None:
-    """A test input (role "test") of pins/flashinfer.toml or of a line's pins
-    (download=False: only whether it is pinned; None)."""
+def pinned_test_dep(project: str, version: str) -> tuple[Artifact, Path] | None:
+    """The pin of a test input (role "test") and its pin file: pins/flashinfer.toml
+    or a line's pins; None where there is none."""
     for pinfile in [PINS / "flashinfer.toml", *sorted(LINES.glob("*/pins.toml"))]:
         for art in load_pins(pinfile):
             if art.role == "test" and art.project == project and art.version == version:
-                return fetch(art, pinfile) if download else None
+                return art, pinfile
+    return None
+
+
+def fetch_test_dep(project: str, version: str) -> Path:
+    """A test input (role "test") of pins/flashinfer.toml or of a line's pins."""
+    if found := pinned_test_dep(project, version):
+        return fetch(*found)
     raise Fail(f"{PINS / 'flashinfer.toml'}: no pin for {project}=={version}")
 
 
