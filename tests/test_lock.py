@@ -21,7 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 from served import Served
-from wheels import make_wheel
+from wheels import make_wheel, simple_index
 
 from tpfix.core.util import ROOT, Fail
 from tpfix.maint import lock
@@ -165,16 +165,7 @@ def local_index(tmp_path_factory) -> tuple[Path, Path]:
         ("Provides-Extra: filecache",),
     )
     make_wheel(wheels, "2.0", "plainlib", ())
-    simple = root / "simple"
-    for whl in wheels.iterdir():
-        page = simple / whl.name.split("-")[0]
-        page.mkdir(parents=True, exist_ok=True)
-        (page / whl.name).write_bytes(whl.read_bytes())
-    for page in simple.iterdir():
-        links = "".join(
-            f'<a href="{w.name}#sha256={_sha256(w)}">{w.name}</a>\n' for w in page.iterdir()
-        )
-        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    simple = simple_index(root, sorted(wheels.iterdir()))
     lock_file = root / "small.lock"
     lock_file.write_text(
         "".join(

@@ -7,7 +7,6 @@ against what vLLM imports of it (on small trees made here: no vLLM sdist)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import textwrap
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from served import Served
-from wheels import make_wheel
+from wheels import make_wheel, simple_index
 
 from tpfix.core.lines import get_line, line_names
 from tpfix.core.patch_format import read_series
@@ -26,21 +25,6 @@ from tpfix.maint import repin, start_line
 from tpfix.replay import deps
 from tpfix.replay.harness import flashinfer_site
 from tpfix.stages.patch import cached_tree
-
-
-def _index(root: Path, wheels: list[Path]) -> Path:
-    simple = root / "simple"
-    for whl in wheels:
-        page = simple / whl.name.split("-")[0].replace("_", "-")
-        page.mkdir(parents=True, exist_ok=True)
-        (page / whl.name).write_bytes(whl.read_bytes())
-    for page in simple.iterdir():
-        links = "".join(
-            f'<a href="{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n'
-            for w in page.glob("*.whl")
-        )
-        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
-    return simple
 
 
 @pytest.fixture
@@ -54,7 +38,7 @@ def index(tmp_path, monkeypatch):
         make_wheel(made, "0.7.5rc1", "flashinfer_python", ()),
         make_wheel(made, "2.14.0", "torch", ()),
     ]
-    simple = _index(tmp_path / "index", wheels)
+    simple = simple_index(tmp_path / "index", wheels)
     for k in [k for k in os.environ if k.startswith("PIP_")]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)

@@ -47,3 +47,20 @@ def make_wheel(
         for path, data in files.items():
             z.writestr(zipfile.ZipInfo(path, (1980, 1, 1, 0, 0, 0)), data)
     return wheel
+
+
+def simple_index(root: Path, wheels: list[Path]) -> Path:
+    """root/simple: a PEP 503 index of `wheels` (copied in), one page per
+    project with each file's sha256, as a package index serves them."""
+    simple = root / "simple"
+    for whl in wheels:
+        page = simple / whl.name.split("-")[0].replace("_", "-")
+        page.mkdir(parents=True, exist_ok=True)
+        (page / whl.name).write_bytes(whl.read_bytes())
+    for page in simple.iterdir():
+        links = "".join(
+            f'<a href="{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n'
+            for w in sorted(page.glob("*.whl"))
+        )
+        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return simple
