@@ -234,7 +234,7 @@ def test_scenario_field_resolves_function_kwargs_and_verdict():
         ("bug_a:warm_start", "does not say what it shows"),
         ("bug_z:f why", "no module tpfix/replay/bug_z.py"),
         ("bug_a:nothing why", "tpfix.replay.bug_a has no nothing()"),
-        ("bug_a:cold_start why", "has no check_cold_start()"),
+        ("bug_a:two_engines why", "has no check_two_engines()"),
         ("bug_b:run_case(**MiB) why", "bug_b.MiB is not a dict"),
     ],
 )

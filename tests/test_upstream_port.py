@@ -233,13 +233,19 @@ def _check_report_facts(report: dict, rec: dict, facts: dict) -> None:
 
 def test_port_has_pins_and_carries_every_unabsorbed_fix():
     """The same names as the source series, in its order, less the absorbed
-    ones (patches/<tag>/rebase.json), and the patches of this line only
-    (`new` in port.toml)."""
+    ones (patches/<tag>/rebase.json) and those carried in another shape or
+    dropped (`ported_as` in port.toml's report), and the patches of this line
+    only (`new` in port.toml)."""
     assert (PORT / "pins.toml").exists()
     status = COMMITTED["patches"]
     assert list(status) == SOURCE
-    carried = [n for n in SOURCE if status[n] != "absorbed"]
+    reshaped = {
+        n: FACTS["report"][n]["ported_as"] for n in SOURCE if "ported_as" in FACTS["report"][n]
+    }
+    carried = [n for n in SOURCE if status[n] != "absorbed" and n not in reshaped]
     assert [n for n in PORTED if n not in NEW] == carried
+    # a patch carried in another shape names the line's own patches that carry it
+    assert all(set(names) <= set(NEW) for names in reshaped.values()), reshaped
     assert not set(NEW) & set(SOURCE), NEW  # a patch of the source line is carried
     assert PORTED  # a line with nothing to carry would be the pristine tag
 

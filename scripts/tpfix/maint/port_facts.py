@@ -13,6 +13,8 @@ the maintainer who ports the conflicts adds the reasons and the key lines.
     after_uncarried = [...]     the conflicting patches it builds on (recorded)
     conflicts = [...]           files with a diff3 merge to resolve (recorded)
     upstream_side = {file = ["text", ...]}    what the tag's side of a conflict holds
+    ported_as = [...]           not carried by name: the line's own (`new`) patches
+                                that carry it in another shape ([]: dropped, `why` says why)
     [[report."<patch>".checks]]  each `Scenario:` check, in order (recorded)
     spec = "bug_a:warm_start"   kwargs = {...}
     target = false              passed on the tag
@@ -50,7 +52,7 @@ from tpfix.core.patch_format import read_patch, read_series
 from tpfix.core.util import Fail, shown
 
 FILE = "port.toml"
-REPORT_KEYS = {"why", "after_uncarried", "conflicts", "upstream_side", "checks"}
+REPORT_KEYS = {"why", "after_uncarried", "conflicts", "upstream_side", "checks", "ported_as"}
 CHECK_KEYS = {"spec", "kwargs", "target", "pinned_before", "result", "contains"}
 PORT_KEYS = {
     "why",

@@ -75,6 +75,7 @@ from tpfix.replay.bug_a_lifetime import (
 )
 from tpfix.replay.bug_a_property import property_fits
 from tpfix.replay.bug_a_starts import (
+    check_cold_start,
     check_warm_start,
     check_warm_start_capture_order,
     cold_start,
@@ -85,12 +86,14 @@ from tpfix.replay.device import new_process
 
 __all__ = [
     "EAGLE_WIDER",
+    "NARROW_DRAFT",
     "PEER_FAILS",
     "SEED_000",
     "SEED_001",
     "SEED_MESSAGE",
     "STANDALONE_SMALL_BUDGET",
     "capture_first_use",
+    "check_cold_start",
     "check_creation_failure",
     "check_drafter_pass_collected",
     "check_fused_ranges",
@@ -131,6 +134,10 @@ SEED_001 = {
     "max_num_batched_tokens": 8192,
     "backend": "mnnvl",
 }
+# cold_start(**NARROW_DRAFT): Qwen3-32B (5120) with a Qwen3-8B draft model
+# (4096), SM90 TP4 (2 MiB budget): the budget limits the tokens, and the
+# narrower draft fuses more elements than the widest model's rows hold.
+NARROW_DRAFT = {"target_hidden": 5120, "draft_hidden": 4096, "tp": 4, "fusion_max_size_mb": 2}
 # creation_failure(**PEER_FAILS): this rank's creation succeeds, a peer's fails.
 PEER_FAILS = {"where": "peer"}
 # fused_ranges(**EAGLE_WIDER): an EAGLE-3 head (2560) wider than its target
