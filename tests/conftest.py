@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from replays import source_line
 from repo_copy import copy_repo
 from xdist.scheduler import LoadScopeScheduling
 
@@ -25,8 +26,9 @@ ROOT = TESTS.parent
 # The test files whose tests run on one xdist worker, and with which others:
 # each file with a module-scoped fixture (made once for its tests, not once
 # per worker; tests/test_scheduling.py checks every such file is here), and
-# test_bug_a with test_bisect (they read the same suite results,
-# tests/replays.py).  Every other test is scheduled on its own.
+# test_bug_a with test_bisect's tests of BUG_A_LINE (they read the same suite
+# results, tests/replays.py; _Scheduling gives each other line's bisect a
+# scope of its own).  Every other test is scheduled on its own.
 ONE_WORKER = {
     "test_bug_a.py": "bug A's suites",
     "test_bisect.py": "bug A's suites",
@@ -44,12 +46,68 @@ ONE_WORKER = {
 }
 
 
+# The line whose suites test_bug_a.py reads (bug A's patches were written on
+# it): test_bisect.py's tests of that line share them, so they keep to bug A's
+# worker; each other line's prefix trees are its bisect's alone, a scope of
+# their own ("test_bisect.py[TAG]"), so that the lines' bisects can run on two
+# workers at once.
+BUG_A_LINE = source_line(get_line()).tag
+
+# What a scope takes, in seconds (the slow tier on 2 cores, 2026-12-07; the
+# scopes of a minute or more, by ONE_WORKER's name or as file::function for a
+# test scheduled on its own).  CPU-bound as the run is, the order decides how
+# long the end is where one worker still runs a long scope and the other has
+# nothing left: the longest go first (longest processing time first), the
+# short ones fill the end.  A scope not listed counts 0 and keeps xdist's
+# order (the most tests first).  Only the order: every test runs as before.
+COST = {
+    "test_image_arches.py": 780,
+    "test_upstream_port.py": 570,
+    "test_doctor_deployments.py": 400,
+    "test_image.py": 400,  # the default line's wheel (build1) is made here first
+    "bug A's suites": 360,
+    "test_start_line.py": 340,
+    **{f"test_bisect.py[{tag}]": 290 for tag in line_names() if tag != BUG_A_LINE},
+    "test_image_lines.py": 200,
+    "test_bug_a_property.py": 170,
+    "test_bug_b.py": 160,
+    "test_build.py::test_two_builds_are_byte_identical": 150,
+    "test_build.py::test_other_line_builds_are_byte_identical": 150,
+    "test_upstream_tests.py::test_patch_tests_pass_with_the_patch": 40,
+    "test_upstream_tests.py::test_patch_tests_fail_without_the_patch": 40,
+    "test_installable.py::test_the_default_lines_wheel_installs_from_the_index": 60,
+    "test_installable.py::test_each_other_lines_wheel_installs_from_the_index": 60,
+    "test_upstream_export.py": 45,
+    "test_bad_input.py::test_interrupted_build_leaves_dist_untouched": 40,
+}
+
+
 class _Scheduling(LoadScopeScheduling):
-    """xdist's load-by-scope scheduling (largest scope first) with the scopes
-    of ONE_WORKER (xdist's own xdist_group marks do not group on pytest 9)."""
+    """xdist's load-by-scope scheduling with the scopes of ONE_WORKER (xdist's
+    own xdist_group marks do not group on pytest 9), the costliest scope
+    (COST) handed out first."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return ONE_WORKER.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+        name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        if name == "test_bisect.py" and nodeid.endswith("]"):
+            tag = nodeid.rsplit("[", 1)[1][:-1]
+            if tag != BUG_A_LINE:
+                return f"{name}[{tag}]"
+        return ONE_WORKER.get(name, nodeid)
+
+    def _assign_work_unit(self, node) -> None:
+        # xdist pops the first unit of its queue: bring the costliest there
+        # (the first of equals: xdist's own order among them)
+        first = max(self.workqueue, key=scope_cost)
+        self.workqueue.move_to_end(first, last=False)
+        super()._assign_work_unit(node)
+
+
+def scope_cost(scope: str) -> int:
+    """COST of a scope: its ONE_WORKER name, or a test's file::function."""
+    if scope in COST:
+        return COST[scope]
+    return COST.get(scope.rsplit("/", 1)[-1].split("[", 1)[0], 0)
 
 
 def pytest_xdist_make_scheduler(config, log):

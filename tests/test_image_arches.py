@@ -60,8 +60,12 @@ def buildah() -> str:
 
 
 @pytest.fixture(scope="module")
-def release(buildah, tmp_path_factory):
-    """./build.sh --arch all --image into a fresh, signed dist."""
+def release(buildah, built_wheel, tmp_path_factory):
+    """./build.sh --arch all --image into a fresh, signed dist.  After the
+    run's own x86_64 build (built_wheel, which the run makes anyway): this
+    build takes that wheel from the built-wheel cache, as it does when it runs
+    later, instead of building it a second time, whichever worker runs first
+    (conftest.COST hands this file out first)."""
     tmp = tmp_path_factory.mktemp("arches")
     priv, pub = keypair(tmp)
     base = standin_image.standin_list(buildah, ARCHES)
