@@ -117,6 +117,16 @@ def load(line: Line) -> dict[str, Any]:
     return facts
 
 
+def carried_by_name(facts: dict[str, Any], classes: dict[str, str]) -> list[str]:
+    """The source patches a line carries under their own names, in order: those
+    rebase.json (`classes`) does not find absorbed and port.toml's report does
+    not say are carried in another shape or dropped (`ported_as`)."""
+    report = facts.get("report", {})
+    return [
+        n for n, c in classes.items() if c != "absorbed" and "ported_as" not in report.get(n, {})
+    ]
+
+
 def mismatches(actual: Any, expected: Any, contains: dict[str, str] | None = None) -> list[str]:
     """Where `actual` differs from `expected`, a subset of it (dicts by key,
     everything else exactly), and each dotted path of `contains` does not
