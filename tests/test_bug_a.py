@@ -218,6 +218,7 @@ FIXED_BY = {
         "cold_quant_fp8",
         "warm_quant_first",
         "warm_mnnvl_sm100",
+        "warm_standalone_first_narrow_draft",
         "capture_first_use",
         "capture_order_seed_000",
         "capture_order_seed_000_no_warmup",

@@ -92,6 +92,7 @@ __all__ = [
     "SEED_001",
     "SEED_MESSAGE",
     "STANDALONE_SMALL_BUDGET",
+    "WARM_STANDALONE_FIRST",
     "capture_first_use",
     "check_cold_start",
     "check_creation_failure",
@@ -138,6 +139,16 @@ SEED_001 = {
 # (4096), SM90 TP4 (2 MiB budget): the budget limits the tokens, and the
 # narrower draft fuses more elements than the widest model's rows hold.
 NARROW_DRAFT = {"target_hidden": 5120, "draft_hidden": 4096, "tp": 4, "fusion_max_size_mb": 2}
+# warm_start(**WARM_STANDALONE_FIRST): NARROW_DRAFT's models at SM90 TP4 (its
+# default 2 MiB budget), warm, the standalone FlashInfer all-reduce on and run
+# first: its rows at the target's width (204 x 5120) do not hold the draft's
+# fused 256 x 4096 unless it takes the fusion's shape.
+WARM_STANDALONE_FIRST = {
+    "target_hidden": 5120,
+    "draft_hidden": 4096,
+    "tp": 4,
+    "standalone_first": True,
+}
 # creation_failure(**PEER_FAILS): this rank's creation succeeds, a peer's fails.
 PEER_FAILS = {"where": "peer"}
 # fused_ranges(**EAGLE_WIDER): an EAGLE-3 head (2560) wider than its target
@@ -168,6 +179,7 @@ def suite_cases() -> dict[str, tuple[Any, dict]]:
         "warm_no_spec": (warm_start, {"draft_hidden": None}),
         "cold_tp4_budget": (cold_start, {"tp": 4}),
         "warm_mnnvl_sm100": (warm_start, {"backend": "mnnvl", "capability": 100, "tp": 4}),
+        "warm_standalone_first_narrow_draft": (warm_start, WARM_STANDALONE_FIRST),
         "capture_order_seed_000": (warm_start_capture_order, SEED_000),
         "capture_order_seed_000_no_warmup": (
             warm_start_capture_order,

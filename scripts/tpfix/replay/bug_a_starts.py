@@ -86,12 +86,17 @@ def warm_start(
     backend="trtllm",
     target_pattern="kARResidualRMSNorm",
     draft_pattern="kARResidualRMSNorm",
+    standalone_first=False,
 ):
     """Warm AOT compile cache: a first run compiled both models (passes built,
     fused ops baked with the pass's ``max_token_num``); then a new process
     loads both graphs from the cache, so no pass is constructed: the worker
     creates the workspace when it loads the models (patch 0002 on), or else
-    the target's compiled op creates it lazily with its own tensors."""
+    the target's compiled op creates it lazily with its own tensors.
+    ``standalone_first``: the standalone FlashInfer all-reduce is on
+    (VLLM_ALLREDUCE_USE_FLASHINFER=1) and an all-reduce outside the fused
+    graphs (one token of the target's width, a CPU tensor presented as CUDA:
+    SIMULATED) runs before any fused op, so that it creates the workspace."""
     setup(tp, capability, backend)
     cfg = engine_config(target_hidden, draft_hidden, tp, max_num_batched_tokens)
     # first (cold) run, which filled the cache
@@ -99,7 +104,20 @@ def warm_start(
     plans = compile_plans(cfg, draft_hidden is not None)
     # second run: new process, graphs come from the AOT cache
     new_process()
-    worker_init(cfg)
+    worker_init(cfg, standalone=standalone_first)
+    if standalone_first:
+        import torch
+        import vllm.distributed.parallel_state as ps
+
+        class _OnDevice(torch.Tensor):
+            is_cuda = property(lambda self: True)
+
+        comm = ps._TP.device_communicator.fi_ar_comm
+        t = torch.Tensor._make_subclass(
+            _OnDevice, torch.ones(1, target_hidden, dtype=torch.bfloat16)
+        )
+        assert comm.should_use_fi_ar(t), "the standalone all-reduce declined"
+        comm.all_reduce(t)
     results = {"target": forward_all(plans["target"], max_num_batched_tokens, target_pattern)}
     if draft_hidden is not None:
         results["draft"] = forward_all(plans["draft"], max_num_batched_tokens, draft_pattern)
