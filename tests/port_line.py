@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tpfix.core.lines import get_line, newest_line
 from tpfix.core.patch_format import read_patch, read_series
+from tpfix.maint.export import mailed
 from tpfix.maint.port_facts import fixes
 from tpfix.maint.port_facts import load as load_facts
 from tpfix.stages.patch import cached_tree
@@ -26,6 +27,8 @@ FROM = COMMITTED["from"]  # the source line, the one whose series moved to TAG
 PATCHES = get_line(FROM).patches
 SOURCE = read_series(get_line(FROM).series)
 PORTED = read_series(SERIES)
+# the ones the export mails (not the `Forwarded: not-needed` ones)
+MAILED = mailed(SERIES)
 GPU_SKIP = "Need at least 2 GPUs"
 SIGNOFF = "Export Tester <export-tester@users.noreply.github.com>"
 

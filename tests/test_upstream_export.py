@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tpfix.core.lines import line_names
-from tpfix.core.patch_format import read_patch
+from tpfix.core.patch_format import read_patch, read_series
 from tpfix.maint.commits import git, pristine_repo
 from tpfix.maint.export import export
 from tpfix.maint.pr_text import _why_red
@@ -32,7 +32,7 @@ if len(line_names()) < 2:
     pytest.skip(
         "no release line besides the default: nothing forward-ported", allow_module_level=True
     )
-from port_line import FIXES, PORT, PORTED, SIGNOFF, TAG, port_tree  # noqa: E402 (after the skip)
+from port_line import FIXES, MAILED, PORT, SIGNOFF, TAG, port_tree  # noqa: E402 (after the skip)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,10 @@ def exported(tmp_path_factory) -> tuple[Path, dict]:
 
 def test_export_gives_one_mail_and_one_description_per_port(exported):
     out, rep = exported
-    assert [p["name"] for p in rep["patches"]] == PORTED
+    assert [p["name"] for p in rep["patches"]] == MAILED
+    # the distribution's own patches (a re-pin: Forwarded: not-needed) stay home
+    for name in set(read_series(PORT / "series")) - set(MAILED):
+        assert read_patch(PORT / name).header.get("Forwarded") == "not-needed", name
     mails = sorted(p.name for p in out.glob("*.patch"))
     assert mails == [p["mail"] for p in rep["patches"]]
     descriptions = sorted(p.name for p in out.glob("0*.md"))  # not issue-*.md, SUBMIT.md
@@ -66,19 +69,19 @@ def test_export_command_prints_the_files(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     printed = proc.stdout.split()
-    issues = sorted({f for fixes in FIXES.values() for f in fixes if f.startswith("issue-")})
-    assert len(printed) == 2 * len(PORTED) + len(issues)
-    assert [Path(p).suffix for p in printed] == [".patch", ".md"] * len(PORTED) + [".md"] * len(
+    issues = sorted({f for n in MAILED for f in FIXES[n] if f.startswith("issue-")})
+    assert len(printed) == 2 * len(MAILED) + len(issues)
+    assert [Path(p).suffix for p in printed] == [".patch", ".md"] * len(MAILED) + [".md"] * len(
         issues
     )
-    assert [Path(p).stem for p in printed[2 * len(PORTED) :]] == issues
+    assert [Path(p).stem for p in printed[2 * len(MAILED) :]] == issues
     assert all(Path(p).is_file() and Path(p).parent == out for p in printed)
 
 
 def test_exported_mails_apply_with_git_am(exported, tmp_path):
     out, rep = exported
     mails = [out / p["mail"] for p in rep["patches"]]
-    assert len(mails) == len(PORTED)
+    assert len(mails) == len(MAILED)
     repo = pristine_repo(TAG, tmp_path / "vllm")
     git(repo, "config", "user.name", "CI")
     git(repo, "config", "user.email", "ci@example.invalid")
@@ -151,7 +154,7 @@ def test_pr_descriptions_follow_vllms_template(exported):
 def test_export_writes_the_upstream_issues(exported):
     """One issue text per `Issue:` field, as docs/upstream/ holds it."""
     out, rep = exported
-    issues = sorted({f for fixes in FIXES.values() for f in fixes if f.startswith("issue-")})
+    issues = sorted({f for n in MAILED for f in FIXES[n] if f.startswith("issue-")})
     assert rep["issues"] == [f"{i}.md" for i in issues]
     root = Path(__file__).resolve().parents[1]
     for i in issues:

@@ -8,7 +8,8 @@
 
 For patches/TAG/series (a release line: the reviewed forward port, see maint.rebase) it
 checks that the series applies exactly to pristine TAG, then builds a git
-repository from the pristine TAG sdist (one commit), commits each patch with
+repository from the pristine TAG sdist (one commit), commits each patch that
+goes upstream (all but `Forwarded: not-needed` ones, e.g. a re-pin) with
 its header (patch_format) as the commit message: author and date from its
 From:/Date:, the body, and the trailers vLLM takes (DEP-3's `Bug:` becomes
 the `Fixes:` trailer; the fields only this distribution reads, DISTRO_ONLY
@@ -104,6 +105,16 @@ RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
 # -- the whole export ------------------------------------------------------------------
 
 
+def mailed(series: Path) -> list[str]:
+    """The patches of `series` that go upstream, in order: all but those whose
+    header says `Forwarded: not-needed` (the distribution's own, such as a
+    re-pin of a dependency the index lacks); the others must apply without them."""
+    names = read_series(series)
+    return [
+        n for n in names if read_patch(series.parent / n).header.get("Forwarded") != "not-needed"
+    ]
+
+
 def export(
     tag: str = DEFAULT_TAG,
     out: Path | None = None,
@@ -117,9 +128,9 @@ def export(
     series = line.series
     if not series.exists():
         raise Fail(f"{series}: no forward-ported series for {tag}")
-    names = read_series(series)
+    names = mailed(series)
     if not names:
-        raise Fail(f"{series}: the series is empty")
+        raise Fail(f"{series}: the series has no patch to send upstream")
     out = (out or ROOT / "build" / "export" / tag).resolve()
     # applies exactly (raises otherwise) and is cached for the validation runs
     cached_tree(line)
