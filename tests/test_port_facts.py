@@ -53,6 +53,9 @@ def test_incomplete_facts_are_refused_naming_the_file(tmp_path: Path, tag: str):
         "unknown keys \\['whyy'\\]": text.replace("\nwhy = ", "\nwhyy = 1\nwhy = ", 1),
         "not valid TOML": text + "\n[report\n",
     }
+    if "ported_as = [" in text:  # a misspelt or not-new patch name
+        broken = re.sub(r"ported_as = \[", 'ported_as = ["0099-no-such.patch", ', text, count=1)
+        cases["ported_as names \\['0099-no-such.patch'\\], not a patch"] = broken
     for message, broken in cases.items():
         path.write_text(broken)
         with pytest.raises(Fail, match=rf"{FILE}.*{message}"):

@@ -114,6 +114,13 @@ def load(line: Line) -> dict[str, Any]:
                 raise Fail(f"{where}: no {lack}")
             for check in table[name].get("checks", []):
                 _unknown(where + " checks", check, CHECK_KEYS)
+    new = {n for n, port in facts["port"].items() if port.get("new")}
+    for name, report in facts["report"].items():
+        if stray := [n for n in report.get("ported_as", []) if n not in new]:
+            raise Fail(
+                f"{shown(path)} [report.{name!r}]: ported_as names {stray}, "
+                "not a patch of the line's series marked `new = true` in [port]"
+            )
     return facts
 
 
