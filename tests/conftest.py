@@ -18,9 +18,16 @@ from repo_copy import copy_repo
 from xdist.scheduler import LoadScopeScheduling
 
 from tpfix.core.lines import Line, get_line, line_names
+from tpfix.replay.harness import keep_interpreters
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+
+# Each test process keeps its scenario interpreters for the next scenario of
+# the same tree: the preflight's replays, and bug A's single scenarios on the
+# cache's trees, each in a fork of one that imported vLLM once
+# (replay/harness.py: keep_interpreters, FORKED_MODULES).
+keep_interpreters()
 
 
 # The test files whose tests run on one xdist worker, and with which others:

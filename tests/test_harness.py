@@ -54,6 +54,9 @@ def sleep(seconds):
 def unserializable():
     return {"value": object()}
 
+def pids():
+    return {"pid": os.getpid(), "ppid": os.getppid()}
+
 def start_thread():
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     return {}
@@ -215,3 +218,23 @@ def test_a_dead_kept_interpreter_is_replaced_and_at_most_keep_are_kept(tree, kep
     with interpreter(tree, [("hjobs.jobs:getenv", {"name": "X"})]) as third:
         pass
     assert [it for _, it in kept] == [third] and second.proc.poll() is not None
+
+
+def test_kept_forks_serve_the_forked_modules_scenarios_on_cached_trees(tree, kept, monkeypatch):
+    """run_scenario of a FORKED_MODULES scenario on a tree of the cache, once
+    interpreters are kept: each in a fork of one kept interpreter (what one
+    sets up is gone for the next); elsewhere a fresh interpreter each; and a
+    fresh one where the kept one cannot fork (threads)."""
+    monkeypatch.setattr(harness, "FORKED_MODULES", ("hjobs.jobs",))
+    monkeypatch.setattr(harness, "FORK_AHEAD", [])
+    monkeypatch.setattr(harness, "_cached", lambda t: True)
+    assert harness.run_scenario(tree, "hjobs.jobs:setenv", name="TPFIX_H", value="1") == {}
+    assert harness.run_scenario(tree, "hjobs.jobs:getenv", name="TPFIX_H") == {"value": None}
+    first, second = (harness.run_scenario(tree, "hjobs.jobs:pids") for _ in range(2))
+    assert first["ppid"] == second["ppid"] != os.getpid() and first["pid"] != second["pid"]
+    assert len(kept) == 1 and kept[0][1].proc.pid == first["ppid"]
+    monkeypatch.setattr(harness, "_cached", lambda t: False)  # a tree that may change
+    assert harness.run_scenario(tree, "hjobs.jobs:pids")["ppid"] == os.getpid()
+    monkeypatch.setattr(harness, "_cached", lambda t: True)
+    monkeypatch.setattr(harness, "FORK_AHEAD", [("hjobs.jobs:start_thread", {})])
+    assert harness.run_scenario(tree, "hjobs.jobs:pids")["ppid"] == os.getpid()

@@ -184,10 +184,31 @@ for line in sys.stdin:
 """
 
 
+# Scenario modules whose scenarios all start with device.setup(): once a
+# process keeps interpreters (keep_interpreters), each runs in a fork of one
+# that imported vLLM's host modules ahead (device.import_host_modules, as a
+# fresh interpreter's setup() does first), on a tree of the cache (its
+# content never changes under a path), instead of importing vLLM again.
+FORKED_MODULES = ("bug_a",)
+FORK_AHEAD = [("device:import_host_modules", {})]
+_NO_FORK = "no fork: Python threads run"
+
+
 def run_scenario(tree: Path, spec: str, timeout: float = 900, **kwargs) -> dict:
     """``spec`` ("module:function") with ``kwargs`` in a fresh interpreter on
-    ``tree``: what it returned, or {"error", "message", "stderr"}."""
+    ``tree`` (or a fork of a kept one: FORKED_MODULES): what it returned, or
+    {"error", "message", "stderr"}."""
+    if _KEPT is not None and spec.split(":")[0] in FORKED_MODULES and _cached(tree):
+        with interpreter(tree, FORK_AHEAD, timeout) as it:
+            result = it.run(spec, fork=True, **kwargs)
+        if not (isinstance(result, dict) and result.get("message") == _NO_FORK):
+            return result
     return run_scenarios(tree, [(spec, kwargs)], timeout=timeout)[0]
+
+
+def _cached(tree: Path) -> bool:
+    """A tree of the cache (stages.patch.cached_tree): its content is its key."""
+    return (cache_dir() / "trees") in Path(tree).resolve().parents
 
 
 def run_scenarios(tree: Path, jobs: list[tuple[str, dict]], timeout: float = 900) -> list:
