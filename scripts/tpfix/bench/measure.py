@@ -290,6 +290,80 @@ def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2
     return {"backend": backend, "seconds_per_call": best, "calls": calls, "repeats": repeats}
 
 
+def _stock_op(stock_file: str, namespace: dict):
+    """The ``call_trtllm_fused_allreduce_norm`` of ``stock_file`` (the stock
+    tree's fusion module), compiled in ``namespace`` (a copy of the patched
+    module's globals: the op's callees, which the series leaves unchanged)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(stock_file).read_text(), stock_file)
+    (fn,) = (
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "call_trtllm_fused_allreduce_norm"
+    )
+    module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+    exec(compile(module, stock_file, "exec"), namespace)
+    return namespace[fn.name]
+
+
+def op_overhead_ab(
+    stock_file: str, backend="trtllm", calls=20000, rounds=21, num_tokens=8, hidden=2048
+) -> dict:
+    """Seconds per call of the stock and the patched op body side by side in
+    this one interpreter (the patched tree's), rounds alternating which runs
+    first: the stock ``call_trtllm_fused_allreduce_norm`` (``_stock_op``) and
+    this tree's, on the same simulated workspace, the same tensors and the
+    kwargs each one's pass bakes (the stock op without the series' added
+    parameters).  FlashInfer's launch is a no-op, as in ``op_overhead``.
+    Per op: the best round and the median round; the added cost: the median
+    of the per-round differences."""
+    import inspect
+    import statistics
+    import time
+
+    import torch
+
+    setup(2, 90, backend)
+    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
+
+    cfg = engine_config(hidden, None, 2, 8192)
+    worker_init(cfg)
+    plan = compile_plan(cfg, fusion_pass(cfg))
+    arf.flashinfer_comm.allreduce_fusion = lambda **kwargs: None
+    x = torch.zeros(num_tokens, hidden, dtype=torch.bfloat16)
+    res, gamma = torch.zeros_like(x), torch.ones(hidden, dtype=torch.bfloat16)
+    code = arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm
+    common = dict(allreduce_in=x, residual=res, rms_gamma=gamma, rms_eps=1e-6, pattern_code=code)
+    ops = {"patched": arf.call_trtllm_fused_allreduce_norm}
+    ops["stock"] = _stock_op(stock_file, dict(vars(arf)))
+    kwargs = {}
+    for name, op in ops.items():
+        accepted = inspect.signature(op).parameters
+        kwargs[name] = {**common, **{k: v for k, v in plan["op_kwargs"].items() if k in accepted}}
+        op(**kwargs[name])  # warm: the workspace exists, caches are filled
+    times: dict[str, list[float]] = {"stock": [], "patched": []}
+    for r in range(rounds):
+        for name in ("stock", "patched") if r % 2 == 0 else ("patched", "stock"):
+            op, kw = ops[name], kwargs[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                op(**kw)
+            times[name].append((time.perf_counter() - t0) / calls)
+    added = [p - s for s, p in zip(times["stock"], times["patched"], strict=True)]
+    return {
+        "backend": backend,
+        "calls": calls,
+        "rounds": rounds,
+        "stock_kwargs": sorted(set(kwargs["stock"]) - set(common)),
+        "patched_kwargs": sorted(set(kwargs["patched"]) - set(common)),
+        **{f"{k}_best": min(v) for k, v in times.items()},
+        **{f"{k}_median": statistics.median(v) for k, v in times.items()},
+        "added_median": statistics.median(added),
+    }
+
+
 # --------------------------------------------------------------------------
 # one-shot strategy and memory per token count (bench/oneshot.py)
 # --------------------------------------------------------------------------
