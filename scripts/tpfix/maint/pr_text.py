@@ -115,6 +115,20 @@ def _runtime() -> str:
     return f"Python {sys.version_info.major}.{sys.version_info.minor}, torch {torch}"
 
 
+def _flashinfer(tag: str) -> str:
+    """The FlashInfer the tests ran with: the one `tag` pins, or the line's
+    re-pin where the index lacks it (pins.toml `flashinfer-repinned`)."""
+    from tpfix.core.lines import get_line, read_pin_file
+
+    facts = read_pin_file(get_line(tag).pins)
+    if repinned := facts.get("flashinfer-repinned"):
+        return (
+            f"FlashInfer {repinned}, where {tag} pins {facts['flashinfer']} (our "
+            "distribution re-pins it; the patch does not depend on it)"
+        )
+    return f"FlashInfer {facts['flashinfer']}, the release {tag} pins"
+
+
 def pr_description(
     tag: str,
     n: int,
@@ -158,8 +172,8 @@ def pr_description(
         "Test plan: each test below runs without the patch (must fail: it shows "
         f"the bug) and with it (must pass). Run on CPU ({_runtime()}): the "
         "compiled `torch.ops._C` ops that vLLM looks up at import are stood in "
-        f"by a pytest plugin; FlashInfer is the release {tag} pins, its "
-        "workspace objects built without GPU memory.",
+        f"by a pytest plugin; {_flashinfer(tag)}, its workspace objects built "
+        "without GPU memory.",
         "",
         "Test results:",
         "",
