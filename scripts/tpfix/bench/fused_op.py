@@ -14,7 +14,9 @@ a microsecond, more than the cost measured).  FlashInfer's launch is a
 no-op, so the figure is vLLM's own per-call overhead in eager mode (with
 CUDA graphs the op's Python runs only at capture).  Rounds alternate which
 op runs first; the added cost printed is the median of the rounds'
-differences, with the median and best round of each op.
+differences, with the median and best round of each op; an A/A run first
+(the patched op against its own source, compiled the same way) prints the
+harness's own bias.
 
     build/venv/bin/python -m tpfix.bench.fused_op [--line v0.34.0] [--rounds 21]
 """
@@ -43,19 +45,26 @@ def main() -> None:
     stock_file = tree_before(first, line) / FUSED_OP
     patched = tree_after(names[-1], line)
     print(f"stock: {stock}; patched: {line.tag} + its whole series; one interpreter")
-    for backend in ("trtllm", "mnnvl"):
+    # the harness's own bias: the patched op against its own source compiled
+    # as the stock one is (an A/A run), then each backend's A/B
+    runs = [("A/A", "trtllm", patched / FUSED_OP)]
+    runs += [(backend, backend, stock_file) for backend in ("trtllm", "mnnvl")]
+    for label, backend, source in runs:
         r = run_scenario(
             patched,
             "tpfix.bench.measure:op_overhead_ab",
             timeout=3000,
-            stock_file=str(stock_file),
+            stock_file=str(source),
             backend=backend,
             rounds=args.rounds,
             calls=args.calls,
         )
         if "error" in r:
-            raise SystemExit(f"{backend}: {r}")
+            raise SystemExit(f"{label}: {r}")
         us = {k: v * 1e6 for k, v in r.items() if isinstance(v, float)}
+        if label == "A/A":
+            print(f"A/A     the patched op against itself: {us['added_median']:+.3f} us (bias)")
+            continue
         print(
             f"{backend:6}  stock {us['stock_median']:.3f} us/call (best {us['stock_best']:.3f})"
             f"   patched {us['patched_median']:.3f} us/call (best {us['patched_best']:.3f})"
