@@ -6,7 +6,7 @@ in a fresh interpreter on the tree under test, on the simulated device of
 ``tpfix.replay.device`` (its docstring says what is simulated; everything
 vLLM does is the tree's real code).  Their drivers, which print the tables:
 ``bench`` and ``min_need``: bench/workspace.py; ``sweep``:
-bench/sweep_workspace.py; ``op_overhead``: bench/fused_op.py; ``bench_table``
+bench/sweep_workspace.py; ``op_overhead_ab``: bench/fused_op.py; ``bench_table``
 (on bug_b's cases, recorder.setup_recording()): bench/oneshot.py.
 """
 
@@ -252,44 +252,6 @@ def _min_bytes(models, plans, widths, tp, backend) -> int | None:
 # --------------------------------------------------------------------------
 # measurement (scripts/tpfix/bench/fused_op.py): the fused op's own Python cost
 # --------------------------------------------------------------------------
-def op_overhead(backend="trtllm", calls=20000, repeats=7, num_tokens=8, hidden=2048) -> dict:
-    """Seconds per call of the REAL ``call_trtllm_fused_allreduce_norm`` body
-    (workspace lookup, one-shot selection, argument handling), best of
-    ``repeats`` runs of ``calls`` calls.  FlashInfer's ``allreduce_fusion``
-    is replaced by a no-op so that only vLLM's code is timed; the workspace
-    is the engine's (simulated as in the module docstring)."""
-    import time
-
-    import torch
-
-    setup(2, 90, backend)
-    import vllm.compilation.passes.fusion.allreduce_rms_fusion as arf
-
-    cfg = engine_config(hidden, None, 2, 8192)
-    worker_init(cfg)
-    plan = compile_plan(cfg, fusion_pass(cfg))
-    arf.flashinfer_comm.allreduce_fusion = lambda **kwargs: None
-    x = torch.zeros(num_tokens, hidden, dtype=torch.bfloat16)
-    res, gamma = torch.zeros_like(x), torch.ones(hidden, dtype=torch.bfloat16)
-    code = arf.flashinfer_comm.AllReduceFusionPattern.kARResidualRMSNorm
-    kwargs = dict(
-        allreduce_in=x,
-        residual=res,
-        rms_gamma=gamma,
-        rms_eps=1e-6,
-        pattern_code=code,
-        **plan["op_kwargs"],
-    )
-    op = arf.call_trtllm_fused_allreduce_norm
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            op(**kwargs)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return {"backend": backend, "seconds_per_call": best, "calls": calls, "repeats": repeats}
-
-
 def _stock_op(stock_file: str, namespace: dict):
     """The ``call_trtllm_fused_allreduce_norm`` of ``stock_file`` (the stock
     tree's fusion module), compiled in ``namespace`` (a copy of the patched
@@ -316,7 +278,9 @@ def op_overhead_ab(
     first: the stock ``call_trtllm_fused_allreduce_norm`` (``_stock_op``) and
     this tree's, on the same simulated workspace, the same tensors and the
     kwargs each one's pass bakes (the stock op without the series' added
-    parameters).  FlashInfer's launch is a no-op, as in ``op_overhead``.
+    parameters).  FlashInfer's ``allreduce_fusion`` is a no-op, so that only
+    vLLM's code is timed; the workspace is the engine's (simulated as in the
+    module docstring).
     Per op: the best round and the median round; the added cost: the median
     of the per-round differences."""
     import inspect
