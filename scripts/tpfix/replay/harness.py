@@ -13,7 +13,9 @@ an uncaught exception comes back as {"error": type name, "message": str}.
 `Interpreter(tree)` is such an interpreter kept for several jobs, sent one
 at a time, each optionally in a fork (the preflight's replays);
 `interpreter(tree)` hands one out for a block, or, once a process has asked
-for it (keep_interpreters: the tests), one an earlier block left as it started.
+for it (keep_interpreters: the tests), one an earlier block left as it started;
+there run_scenario runs bug A's scenarios on the cache's trees in forks of one
+(FORKED_MODULES) instead of a fresh interpreter each.
 
 A patch names the scenarios that show its fix in its header (patch_format):
 
