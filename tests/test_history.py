@@ -118,6 +118,10 @@ def test_the_edit_with_its_bump_in_one_commit_passes(clone: Path):
     bumped = run_in_copy(clone, "-m", "tpfix.maint.revision", "bump", line.tag, "What changed.")
     assert bumped.returncode == 0, bumped.stderr
     assert revision_problems(line) == []
+    # the README's versions table names the new revision's wheel and image
+    version = line.version_file.read_text().strip()
+    assert "versions table updated" in bumped.stdout
+    assert f"vllm-{version}-" in (clone / "README.md").read_text()
     _commit(clone, "an edit with its bump")
     assert _new(clone) == []
     checked = run_in_copy(clone, "-m", "tpfix.maint.revision", "check")
