@@ -142,7 +142,8 @@ NARROW_DRAFT = {"target_hidden": 5120, "draft_hidden": 4096, "tp": 4, "fusion_ma
 # warm_start(**WARM_STANDALONE_FIRST): NARROW_DRAFT's models at SM90 TP4 (its
 # default 2 MiB budget), warm, the standalone FlashInfer all-reduce on and run
 # first: its rows at the target's width (204 x 5120) do not hold the draft's
-# fused 256 x 4096 unless it takes the fusion's shape.
+# fused 256 x 4096, unless the workspace was made for the engine before it
+# ran (v0.27.1's 0003 creates it when the worker loads the models).
 WARM_STANDALONE_FIRST = {
     "target_hidden": 5120,
     "draft_hidden": 4096,
