@@ -440,12 +440,33 @@ def test_rebuild_is_reproducible(buildah, dist, base, fi_index, built, tmp_path)
         subprocess.run([buildah, "rmi", ref], capture_output=True)
 
 
+def _containers_of(buildah: str, *refs: str) -> list[str]:
+    """The working containers of the images `refs` (those image_inventory
+    makes; another worker's image builds make and remove their own meanwhile)."""
+    ids = {
+        subprocess.run(
+            [buildah, "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
+        for ref in refs
+    }
+    listed = subprocess.run(
+        [buildah, "containers", "--notruncate", "--format", "{{.ContainerID}} {{.ImageID}}"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return sorted(f[0] for f in map(str.split, listed.splitlines()) if f[1:2] and f[1] in ids)
+
+
 def test_image_inventory(buildah, built, base):
     """image_inventory reads the built image itself: vllm at our VERSION, the
     stand-in's FlashInfer packages (at the version the series pins; the base's
     own inventory has the old one), the base's name and digest, real digests."""
     eng = image_engine.Engine("buildah", buildah)
-    containers = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
+    containers = _containers_of(buildah, built.ref, base)
     inv = image_engine.image_inventory(eng, built.ref, base)
     sha = re.compile(r"^sha256:[0-9a-f]{64}$")
     assert inv["base"]["name"] == base
@@ -479,8 +500,8 @@ def test_image_inventory(buildah, built, base):
     before = {p["name"]: p["version"] for p in theirs["python"]}
     assert before["vllm"] == TAG.lstrip("v") and before["flashinfer-python"] == old
     assert before["flashinfer-cubin"] == old
-    after = subprocess.run([buildah, "containers", "-q"], text=True, capture_output=True)
-    assert after.stdout == containers.stdout, "image_inventory left a working container"
+    after = _containers_of(buildah, built.ref, base)
+    assert after == containers, "image_inventory left a working container"
 
 
 def test_image_sbom_and_provenance_describe_the_built_image(buildah, built, base, tmp_path):
