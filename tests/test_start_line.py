@@ -28,7 +28,7 @@ from tpfix.core.lines import Line, get_line, line_names, load_pins
 from tpfix.core.lines import revision_problems as problems
 from tpfix.core.patch_format import read_series
 from tpfix.core.util import ROOT, Fail
-from tpfix.maint.port_facts import FILE, carried_by_name
+from tpfix.maint.port_facts import FILE, carried_by_name, new_patches
 from tpfix.maint.port_facts import load as load_facts
 from tpfix.release.triage import load_triage
 
@@ -146,7 +146,7 @@ def test_classification_equals_the_committed_one(made):
     # (and the patches of the line only, `new = true` in its port.toml; a
     # source patch carried in another shape or dropped names them in `ported_as`)
     committed_facts = tomllib.loads((line.patches / FILE).read_text())
-    new = {n for n, e in committed_facts["port"].items() if e.get("new")}
+    new = set(new_patches(committed_facts))
     assert [
         n for n in read_series(get_line(tag).series) if n not in new - set(first)
     ] == first + carried_by_name(committed_facts, ours["patches"])

@@ -114,7 +114,7 @@ def load(line: Line) -> dict[str, Any]:
                 raise Fail(f"{where}: no {lack}")
             for check in table[name].get("checks", []):
                 _unknown(where + " checks", check, CHECK_KEYS)
-    new = {n for n, port in facts["port"].items() if port.get("new")}
+    new = new_patches(facts)
     for name, report in facts["report"].items():
         if stray := [n for n in report.get("ported_as", []) if n not in new]:
             raise Fail(
@@ -122,6 +122,11 @@ def load(line: Line) -> dict[str, Any]:
                 "not a patch of the line's series marked `new = true` in [port]"
             )
     return facts
+
+
+def new_patches(facts: dict[str, Any]) -> list[str]:
+    """The line's own patches (`new = true` in [port]), in port.toml's order."""
+    return [n for n, port in facts.get("port", {}).items() if port.get("new")]
 
 
 def carried_by_name(facts: dict[str, Any], classes: dict[str, str]) -> list[str]:

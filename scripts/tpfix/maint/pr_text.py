@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sys
 
+from tpfix.core.lines import get_line, read_pin_file
 from tpfix.maint.commits import Mail
 
 # -- pull-request description ------------------------------------------------------------
@@ -118,8 +119,6 @@ def _runtime() -> str:
 def _flashinfer(tag: str) -> str:
     """The FlashInfer the tests ran with: the one `tag` pins, or the line's
     re-pin where the index lacks it (pins.toml `flashinfer-repinned`)."""
-    from tpfix.core.lines import get_line, read_pin_file
-
     facts = read_pin_file(get_line(tag).pins)
     if repinned := facts.get("flashinfer-repinned"):
         return (

@@ -39,6 +39,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpfix.audit.support_matrix import README, update_readme
 from tpfix.core.lines import (
     ENTRY,
     LABEL,
@@ -382,8 +383,6 @@ def main() -> None:
         print(f"{len(found)} revision(s) named more than one content, each as {EXCEPTIONS} records")
         return
     if args.command == "bump":
-        from tpfix.audit.support_matrix import README, update_readme
-
         line = get_line(args.tag)
         print(f"{shown(line.version_file)}: {bump(line, args.what)}")
         if update_readme():  # its versions table names each line's wheel and image
